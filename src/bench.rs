@@ -1,0 +1,102 @@
+//! `rtrain bench`: timings that can be compared with PyTorch's, run for run.
+//!
+//! `bench step` times the training step alone (forward, loss, backward, SGD update) on random
+//! input, exactly what bench/step_reference.py times in PyTorch eager, so the ratio of the two
+//! isolates the framework from data loading.
+
+use std::time::Instant;
+
+use serde::Serialize;
+use tch::{Device, Kind, Reduction, Tensor};
+
+use crate::config::Config;
+use crate::model::{Arch, Model, ModelError};
+use crate::optim::{OptimError, Optimizer};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Optim(#[from] OptimError),
+    #[error("bench step: {0}")]
+    Torch(#[from] tch::TchError),
+}
+
+#[derive(Debug, Clone)]
+pub struct StepBench {
+    pub arch: Arch,
+    pub image_size: i64,
+    pub batch_size: i64,
+    pub threads: usize,
+    pub warmup: usize,
+    pub steps: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StepBenchResult {
+    pub framework: &'static str,
+    pub arch: String,
+    pub image_size: i64,
+    pub batch_size: i64,
+    pub threads: i32,
+    pub step_seconds: Vec<f64>,
+    pub median_step_seconds: f64,
+    pub images_per_second: f64,
+}
+
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+pub fn bench_step(options: &StepBench) -> Result<StepBenchResult, BenchError> {
+    let threads = crate::train::set_threads(options.threads);
+    tch::manual_seed(0);
+    let num_classes = 10;
+    let model = Model::new(options.arch, num_classes, Device::Cpu)?;
+    let mut optimizer = Optimizer::new(&Config::default().optim, model.trainable());
+    let size = [options.batch_size, 3, options.image_size, options.image_size];
+    let images = Tensor::f_randn(size, (Kind::Float, Device::Cpu))?;
+    let labels = Tensor::f_randint(num_classes as i64, [options.batch_size], (Kind::Int64, Device::Cpu))?;
+    let mut step_seconds = Vec::with_capacity(options.steps);
+    for i in 0..options.warmup + options.steps {
+        let started = Instant::now();
+        optimizer.zero_grad();
+        let logits = model.forward_t(&images, true);
+        let loss = logits.f_cross_entropy_loss::<Tensor>(&labels, None, Reduction::Mean, -100, 0.0)?;
+        loss.f_backward()?;
+        optimizer.step(0.01)?;
+        if i >= options.warmup {
+            step_seconds.push(started.elapsed().as_secs_f64());
+        }
+    }
+    let median_step_seconds = median(&step_seconds);
+    Ok(StepBenchResult {
+        framework: "rtrain",
+        arch: options.arch.to_string(),
+        image_size: options.image_size,
+        batch_size: options.batch_size,
+        threads,
+        images_per_second: options.batch_size as f64 / median_step_seconds,
+        median_step_seconds,
+        step_seconds,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_and_even() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
+}

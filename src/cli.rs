@@ -1,0 +1,383 @@
+//! The command line: clap definitions and one function per command, each a handful of calls
+//! into the library. `main.rs` maps the result to an exit code (2 for usage and configuration
+//! errors, 1 for everything else).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use tch::{Device, Kind, Tensor};
+
+use crate::bench::{self, StepBench};
+use crate::checkpoint;
+use crate::config::{Config, LoadedConfig, DEFAULT_DATA_ROOT};
+use crate::data::folder::ImageFolder;
+use crate::data::{idx, synth, transforms};
+use crate::eval;
+use crate::logging::{self, LogFormat};
+use crate::model::{Arch, Model};
+use crate::train::{self, Resume};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rtrain",
+    version,
+    about = "Data-parallel ResNet training on libtorch",
+    propagate_version = true
+)]
+pub struct Cli {
+    /// Log filter, e.g. `debug` or `rtrain=debug` (default: $RUST_LOG, else info).
+    #[arg(long, global = true)]
+    pub log_level: Option<String>,
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Train a model; writes a run directory (config, metrics, checkpoints, final weights).
+    Train(TrainArgs),
+    /// Evaluate a checkpoint on the validation split.
+    Eval(EvalArgs),
+    /// Classify images with a checkpoint.
+    Predict(PredictArgs),
+    /// Write a checkpoint's weights as a torchvision state dict (.safetensors).
+    Export(ExportArgs),
+    /// Datasets: the built-in synthetic set and IDX import.
+    #[command(subcommand)]
+    Data(DataCommand),
+    /// The resolved configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Benchmarks comparable with PyTorch's.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// TOML configuration file (layered over the built-in defaults).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Override one key, e.g. `--set train.epochs=3` (repeatable; wins over file and env).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+}
+
+impl ConfigArgs {
+    fn load(&self) -> Result<LoadedConfig> {
+        Ok(LoadedConfig::load(self.config.as_deref(), &self.set)?)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Run directory (default: <run.dir>/<run.name>, or a timestamped name).
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    /// `auto` (newest valid checkpoint in the run directory, else a fresh start) or a path.
+    #[arg(long)]
+    pub resume: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PredictArgs {
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// How many classes to show per image.
+    #[arg(long, default_value_t = 3)]
+    pub top: usize,
+    #[arg(long)]
+    pub json: bool,
+    #[arg(required = true)]
+    pub images: Vec<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DataCommand {
+    /// Generate the built-in synthetic building-damage set (4 levels) as an image tree.
+    Synth {
+        out: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, default_value_t = 200)]
+        train_per_class: usize,
+        #[arg(long, default_value_t = 50)]
+        val_per_class: usize,
+        #[arg(long, default_value_t = 96)]
+        image_size: u32,
+    },
+    /// Convert IDX files (MNIST, Fashion-MNIST) into OUT/<split>/<class>/*.png.
+    ImportIdx {
+        images: PathBuf,
+        labels: PathBuf,
+        out: PathBuf,
+        #[arg(long, default_value = "train")]
+        split: String,
+        /// Keep only the first N images.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Name classes by number instead of by Fashion-MNIST's class names.
+        #[arg(long)]
+        numeric_classes: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print the resolved configuration with the origin of each value.
+    Show(ConfigArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Time the training step (forward, backward, SGD) on random input.
+    Step {
+        #[arg(long, default_value = "resnet18", value_parser = parse_arch)]
+        arch: Arch,
+        #[arg(long, default_value_t = 64)]
+        image_size: i64,
+        #[arg(long, default_value_t = 32)]
+        batch_size: i64,
+        /// libtorch threads (0: all cores).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        #[arg(long, default_value_t = 3)]
+        warmup: usize,
+        #[arg(long, default_value_t = 10)]
+        steps: usize,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_arch(name: &str) -> Result<Arch, String> {
+    Arch::parse(name).ok_or_else(|| {
+        format!("unknown architecture {name:?} (resnet18, resnet34, resnet50, resnet101, resnet152)")
+    })
+}
+
+pub fn run(cli: Cli) -> Result<()> {
+    logging::init(cli.log_format, cli.log_level.as_deref());
+    match cli.command {
+        Command::Train(args) => cmd_train(args),
+        Command::Eval(args) => cmd_eval(args),
+        Command::Predict(args) => cmd_predict(args),
+        Command::Export(args) => cmd_export(args),
+        Command::Data(command) => cmd_data(command),
+        Command::Config(ConfigCommand::Show(args)) => {
+            print!("{}", args.load()?.show()?);
+            Ok(())
+        }
+        Command::Bench(BenchCommand::Step { arch, image_size, batch_size, threads, warmup, steps, json }) => {
+            let result =
+                bench::bench_step(&StepBench { arch, image_size, batch_size, threads, warmup, steps })?;
+            if json {
+                println!("{}", serde_json::to_string(&result)?);
+            } else {
+                println!(
+                    "{} {}x{} batch {} threads {}: {:.1} img/s (median step {:.1} ms over {} steps)",
+                    result.arch,
+                    image_size,
+                    image_size,
+                    batch_size,
+                    result.threads,
+                    result.images_per_second,
+                    result.median_step_seconds * 1e3,
+                    steps
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+fn cmd_train(args: TrainArgs) -> Result<()> {
+    let config = args.config.load()?.config;
+    ensure_default_data(&config)?;
+    let run_dir = args.run_dir.unwrap_or_else(|| default_run_dir(&config));
+    let resume = match args.resume.as_deref() {
+        None => Resume::Fresh,
+        Some("auto") => Resume::Auto,
+        Some(path) => Resume::From(PathBuf::from(path)),
+    };
+    if resume == Resume::Fresh && !checkpoint::list_step_checkpoints(&run_dir.join("checkpoints"))?.is_empty()
+    {
+        bail!(
+            "run directory {} already has checkpoints: pass --resume auto to continue it, or choose another --run-dir",
+            run_dir.display()
+        );
+    }
+    train::train(&config, &run_dir, resume)?;
+    println!("{}", run_dir.join("summary.json").display());
+    Ok(())
+}
+
+/// The built-in default data is generated on first use, but only at its default path: a
+/// mistyped path of the user's must be an error, not a silent synthetic run.
+fn ensure_default_data(config: &Config) -> Result<()> {
+    let root = &config.data.root;
+    if root == Path::new(DEFAULT_DATA_ROOT) && !root.exists() {
+        tracing::info!(
+            "generating the built-in synthetic damage-level dataset at {} (first use)",
+            root.display()
+        );
+        let summary = synth::generate(root, &synth::SynthOptions::default())?;
+        tracing::info!(
+            "generated {} training and {} validation images",
+            summary.train_images,
+            summary.val_images
+        );
+    }
+    Ok(())
+}
+
+fn default_run_dir(config: &Config) -> PathBuf {
+    let name = if config.run.name.is_empty() {
+        // e.g. resnet18-20261130T053000Z: sortable, and free of ':' for file systems that mind.
+        let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        format!("{}-{}", config.model.arch, stamp.replace([':', '-'], ""))
+    } else {
+        config.run.name.clone()
+    };
+    config.run.dir.join(name)
+}
+
+/// A model restored from a checkpoint, with the class names it was trained on.
+fn load_checkpoint_model(path: &Path) -> Result<(Model, checkpoint::CheckpointMeta)> {
+    let checkpoint = checkpoint::load(path, None)?;
+    let model = Model::new(checkpoint.meta.arch, checkpoint.meta.num_classes, Device::Cpu)?;
+    train::restore_model(&model, &checkpoint.model, path)?;
+    Ok((model, checkpoint.meta))
+}
+
+fn cmd_eval(args: EvalArgs) -> Result<()> {
+    let config = args.config.load()?.config;
+    train::set_threads(config.train.threads);
+    let (model, meta) = load_checkpoint_model(&args.checkpoint)?;
+    let dir = config.data.root.join(&config.data.val_split);
+    let dataset = ImageFolder::open(&dir)?;
+    if dataset.classes != meta.classes {
+        bail!(
+            "{}: classes {:?} differ from the checkpoint's {:?}",
+            dir.display(),
+            dataset.classes,
+            meta.classes
+        );
+    }
+    let report = eval::evaluate(
+        &model,
+        Arc::new(dataset),
+        train::eval_transform(&config),
+        train::loader_options(&config, config.eval_batch_size()),
+    )?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("{} images: loss {:.4}, top-1 {:.4}", report.samples, report.loss, report.top1);
+        for (class, accuracy) in meta.classes.iter().zip(&report.per_class) {
+            println!("  {class:<24} {accuracy:.4}");
+        }
+        println!("confusion (rows: true, columns: predicted):");
+        for row in &report.confusion {
+            println!("  {row:?}");
+        }
+    }
+    Ok(())
+}
+
+fn cmd_predict(args: PredictArgs) -> Result<()> {
+    let config = args.config.load()?.config;
+    train::set_threads(config.train.threads);
+    let (model, meta) = load_checkpoint_model(&args.checkpoint)?;
+    let transform = train::eval_transform(&config);
+    let size = i64::from(config.data.image_size);
+    let mut results = Vec::new();
+    for path in &args.images {
+        let image =
+            image::open(path).with_context(|| format!("{}: cannot decode image", path.display()))?.to_rgb8();
+        let mut pixels = vec![0f32; 3 * (size * size) as usize];
+        let mut rng = transforms::sample_rng(0, 0, 0);
+        transforms::apply(&image, &transform, &mut rng, &mut pixels);
+        let input = Tensor::from_slice(&pixels).view([1, 3, size, size]);
+        let probabilities = tch::no_grad(|| model.forward_t(&input, false).softmax(-1, Kind::Float));
+        let probabilities: Vec<f32> = Vec::try_from(probabilities.view([-1]))?;
+        let mut ranked: Vec<(usize, f32)> = probabilities.iter().copied().enumerate().collect();
+        ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+        ranked.truncate(args.top.max(1));
+        results.push(serde_json::json!({
+            "image": path,
+            "class": meta.classes[ranked[0].0],
+            "top": ranked.iter().map(|&(i, p)| serde_json::json!({"class": meta.classes[i], "probability": p})).collect::<Vec<_>>(),
+        }));
+        if !args.json {
+            let shown: Vec<String> =
+                ranked.iter().map(|&(i, p)| format!("{} {:.3}", meta.classes[i], p)).collect();
+            println!("{}: {}", path.display(), shown.join(", "));
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    }
+    Ok(())
+}
+
+fn cmd_export(args: ExportArgs) -> Result<()> {
+    let (model, meta) = load_checkpoint_model(&args.checkpoint)?;
+    model.write_torchvision(&args.out, meta.global_step)?;
+    println!(
+        "{}: torchvision {} state dict, num_classes={} ({})",
+        args.out.display(),
+        meta.arch,
+        meta.num_classes,
+        meta.classes.join(", ")
+    );
+    Ok(())
+}
+
+fn cmd_data(command: DataCommand) -> Result<()> {
+    match command {
+        DataCommand::Synth { out, seed, train_per_class, val_per_class, image_size } => {
+            let options = synth::SynthOptions { seed, train_per_class, val_per_class, image_size };
+            let summary = synth::generate(&out, &options)?;
+            println!(
+                "{}: {} training and {} validation images",
+                out.display(),
+                summary.train_images,
+                summary.val_images
+            );
+        }
+        DataCommand::ImportIdx { images, labels, out, split, limit, numeric_classes } => {
+            let names: Option<&[&str]> =
+                if numeric_classes { None } else { Some(&idx::FASHION_MNIST_CLASSES) };
+            let written = idx::import(&images, &labels, &out, &split, limit, names)?;
+            println!("{}: {written} images", out.join(&split).display());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,537 @@
+//! The run configuration: its typed shape, its defaults, and how the layers are merged.
+//!
+//! Layers, lowest first: built-in defaults < `--config FILE` (TOML) < `RTRAIN_SECTION__KEY`
+//! environment variables < `--set section.key=value`. figment does the merging and remembers
+//! where each value came from, so an unknown key or a wrong type names the key and its source,
+//! and `rtrain config show` can say the origin of every value. Raw input is checked here, once:
+//! the rest of the program receives a validated [`Config`].
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::model::Arch;
+
+/// Where the built-in synthetic damage-level data is generated on first use.
+pub const DEFAULT_DATA_ROOT: &str = "data/synth-damage";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Figment(Box<figment::Error>),
+    #[error("--set {0:?}: expected section.key=value")]
+    BadOverride(String),
+    #[error("configuration key {key}: {problem}")]
+    Invalid { key: &'static str, problem: String },
+    #[error("configuration file {path}: not found")]
+    MissingFile { path: PathBuf },
+}
+
+impl From<figment::Error> for ConfigError {
+    fn from(error: figment::Error) -> Self {
+        ConfigError::Figment(Box::new(error))
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub run: RunConfig,
+    pub data: DataConfig,
+    pub model: ModelConfig,
+    pub optim: OptimConfig,
+    pub schedule: ScheduleConfig,
+    pub train: TrainConfig,
+    pub checkpoint: CheckpointConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunConfig {
+    /// Run directory name under `dir`; empty means `<arch>-<UTC timestamp>`.
+    pub name: String,
+    pub dir: PathBuf,
+    /// The one seed every random choice derives from (init, sampling, augmentation).
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DataConfig {
+    /// Class-per-folder image tree with `train_split` and `val_split` subdirectories.
+    pub root: PathBuf,
+    pub train_split: String,
+    pub val_split: String,
+    /// Side of the square crop the network sees.
+    pub image_size: u32,
+    /// Short side before the evaluation centre crop; 0 means image_size * 256 / 224.
+    pub eval_resize: u32,
+    pub batch_size: usize,
+    /// 0 means batch_size.
+    pub eval_batch_size: usize,
+    /// Decode/augment threads; 0 decodes on the training thread.
+    pub workers: usize,
+    /// Batches prepared ahead per worker.
+    pub prefetch: usize,
+    /// RandomResizedCrop area range, as torchvision's `scale`.
+    pub scale: [f64; 2],
+    /// RandomResizedCrop aspect-ratio range, as torchvision's `ratio`.
+    pub ratio: [f64; 2],
+    pub hflip: bool,
+    /// Drop the last partial training batch (keeps BatchNorm statistics sane).
+    pub drop_last: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    /// 0 means the number of class folders in the training split.
+    pub num_classes: usize,
+    /// A torchvision-format `.safetensors` state dict to start from.
+    pub pretrained: Option<PathBuf>,
+    /// Train only the classifier head (`fc`).
+    pub freeze_backbone: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimKind {
+    Sgd,
+    Adamw,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OptimConfig {
+    pub name: OptimKind,
+    pub lr: f64,
+    pub weight_decay: f64,
+    /// SGD only.
+    pub momentum: f64,
+    /// SGD only.
+    pub nesterov: bool,
+    /// AdamW only.
+    pub betas: [f64; 2],
+    /// AdamW only.
+    pub eps: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScheduleKind {
+    Constant,
+    Cosine,
+    Step,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScheduleConfig {
+    pub kind: ScheduleKind,
+    /// Linear warm-up length in epochs (fractions allowed); applied per step.
+    pub warmup_epochs: f64,
+    /// Warm-up starts at lr * warmup_start_factor, as torch's LinearLR `start_factor`.
+    pub warmup_start_factor: f64,
+    /// Cosine only: the final learning rate, as CosineAnnealingLR's `eta_min`.
+    pub min_lr: f64,
+    /// Step only: decay every this many epochs by `gamma`, as StepLR.
+    pub step_epochs: u32,
+    pub gamma: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    pub epochs: u32,
+    pub label_smoothing: f64,
+    /// libtorch intra-op threads; 0 means all available cores.
+    pub threads: usize,
+    /// Log a progress line every this many steps when not on a terminal.
+    pub log_every_steps: u64,
+    /// Cap on steps per epoch, 0 for none (quick checks and benchmarks).
+    pub max_steps_per_epoch: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CheckpointConfig {
+    /// Save at the end of every this many epochs (0: only the final one).
+    pub every_epochs: u32,
+    /// Also save every this many steps inside an epoch (0: never).
+    pub every_steps: u64,
+    /// How many of the newest step checkpoints to keep.
+    pub keep_last: usize,
+    /// Keep `best.safetensors`, the checkpoint with the highest validation top-1.
+    pub keep_best: bool,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig { name: String::new(), dir: PathBuf::from("runs"), seed: 0 }
+    }
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig {
+            root: PathBuf::from(DEFAULT_DATA_ROOT),
+            train_split: "train".into(),
+            val_split: "val".into(),
+            image_size: 64,
+            eval_resize: 0,
+            batch_size: 32,
+            eval_batch_size: 0,
+            workers: 2,
+            prefetch: 2,
+            scale: [0.35, 1.0],
+            ratio: [3.0 / 4.0, 4.0 / 3.0],
+            hflip: true,
+            drop_last: true,
+        }
+    }
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig { arch: Arch::Resnet18, num_classes: 0, pretrained: None, freeze_backbone: false }
+    }
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        OptimConfig {
+            name: OptimKind::Sgd,
+            lr: 0.05,
+            weight_decay: 5e-4,
+            momentum: 0.9,
+            nesterov: false,
+            betas: [0.9, 0.999],
+            eps: 1e-8,
+        }
+    }
+}
+
+impl Default for ScheduleConfig {
+    fn default() -> Self {
+        ScheduleConfig {
+            kind: ScheduleKind::Cosine,
+            warmup_epochs: 1.0,
+            warmup_start_factor: 0.1,
+            min_lr: 0.0,
+            step_epochs: 30,
+            gamma: 0.1,
+        }
+    }
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            epochs: 8,
+            label_smoothing: 0.0,
+            threads: 0,
+            log_every_steps: 10,
+            max_steps_per_epoch: 0,
+        }
+    }
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig { every_epochs: 1, every_steps: 0, keep_last: 3, keep_best: true }
+    }
+}
+
+/// `--set section.key=value` pairs as a figment provider named "--set", so that errors and
+/// `config show` attribute the values to the command line.
+struct CommandLineOverrides(Dict);
+
+impl CommandLineOverrides {
+    fn parse(pairs: &[String]) -> Result<Self, ConfigError> {
+        let mut root = Dict::new();
+        for pair in pairs {
+            let (key, raw) = pair.split_once('=').ok_or_else(|| ConfigError::BadOverride(pair.clone()))?;
+            let key = key.trim();
+            if key.is_empty() || key.split('.').any(str::is_empty) {
+                return Err(ConfigError::BadOverride(pair.clone()));
+            }
+            insert_dotted(&mut root, key, parse_override_value(raw.trim()));
+        }
+        Ok(CommandLineOverrides(root))
+    }
+}
+
+/// A TOML value when it parses as one (`3`, `true`, `[0.5, 1.0]`, `"x"`), else a bare string,
+/// so `--set model.arch=resnet50` works without shell-quoted TOML strings.
+fn parse_override_value(raw: &str) -> Value {
+    let parsed: Result<toml::Table, _> = toml::from_str(&format!("v = {raw}"));
+    match parsed.ok().and_then(|mut table| table.remove("v")) {
+        Some(value) => Value::serialize(value).unwrap_or_else(|_| Value::from(raw.to_string())),
+        None => Value::from(raw.to_string()),
+    }
+}
+
+fn insert_dotted(dict: &mut Dict, dotted: &str, value: Value) {
+    match dotted.split_once('.') {
+        None => {
+            dict.insert(dotted.to_string(), value);
+        }
+        Some((head, rest)) => {
+            let entry = dict.entry(head.to_string()).or_insert_with(|| Value::from(Dict::new()));
+            if let Value::Dict(_, inner) = entry {
+                insert_dotted(inner, rest, value);
+            } else {
+                let mut inner = Dict::new();
+                insert_dotted(&mut inner, rest, value);
+                *entry = Value::from(inner);
+            }
+        }
+    }
+}
+
+impl Provider for CommandLineOverrides {
+    fn metadata(&self) -> Metadata {
+        Metadata::named("--set")
+    }
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        Ok(Profile::Default.collect(self.0.clone()))
+    }
+}
+
+/// The merged configuration together with the figment that remembers each value's origin.
+pub struct LoadedConfig {
+    pub config: Config,
+    figment: Figment,
+}
+
+impl LoadedConfig {
+    /// Merges the layers and validates the result.
+    pub fn load(file: Option<&Path>, overrides: &[String]) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(ConfigError::MissingFile { path: path.to_path_buf() });
+            }
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        figment = figment
+            .merge(Env::prefixed("RTRAIN_").split("__"))
+            .merge(CommandLineOverrides::parse(overrides)?);
+        let config: Config = figment.extract()?;
+        config.validate()?;
+        Ok(LoadedConfig { config, figment })
+    }
+
+    /// The resolved configuration as TOML, each value annotated with where it came from.
+    pub fn show(&self) -> Result<String, ConfigError> {
+        let value = Value::serialize(&self.config)?;
+        let mut leaves = BTreeMap::new();
+        flatten(&value, String::new(), &mut leaves);
+        let mut out = String::new();
+        let mut section = String::new();
+        for (key, rendered) in leaves {
+            let (head, leaf) = key.split_once('.').unwrap_or(("", key.as_str()));
+            if head != section {
+                section = head.to_string();
+                let _ = writeln!(out, "\n[{section}]");
+            }
+            let origin =
+                self.figment.find_metadata(&key).map(describe_origin).unwrap_or_else(|| "default".into());
+            let _ = writeln!(out, "{leaf} = {rendered}  # {origin}");
+        }
+        Ok(out.trim_start().to_string())
+    }
+}
+
+fn describe_origin(metadata: &Metadata) -> String {
+    match &metadata.source {
+        Some(figment::Source::File(path)) => format!("file {}", path.display()),
+        _ if metadata.name == std::any::type_name::<Config>() => "default".into(),
+        _ if metadata.name.contains("environment") => "environment (RTRAIN_*)".into(),
+        _ => metadata.name.to_string(),
+    }
+}
+
+fn flatten(value: &Value, prefix: String, out: &mut BTreeMap<String, String>) {
+    match value {
+        Value::Dict(_, dict) => {
+            for (key, inner) in dict {
+                let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+                flatten(inner, path, out);
+            }
+        }
+        leaf => {
+            let rendered =
+                toml::Value::try_from(leaf).map(|v| v.to_string()).unwrap_or_else(|_| "\"\"".to_string());
+            out.insert(prefix, rendered);
+        }
+    }
+}
+
+impl Config {
+    /// Checks the values that types alone cannot, naming the key at fault.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        fn check(ok: bool, key: &'static str, problem: &str) -> Result<(), ConfigError> {
+            if ok {
+                Ok(())
+            } else {
+                Err(ConfigError::Invalid { key, problem: problem.to_string() })
+            }
+        }
+        let d = &self.data;
+        check(d.image_size >= 16, "data.image_size", "must be at least 16 pixels")?;
+        check(d.batch_size > 0, "data.batch_size", "must be positive")?;
+        check(
+            d.scale[0] > 0.0 && d.scale[0] <= d.scale[1] && d.scale[1] <= 1.0,
+            "data.scale",
+            "must satisfy 0 < min <= max <= 1",
+        )?;
+        check(d.ratio[0] > 0.0 && d.ratio[0] <= d.ratio[1], "data.ratio", "must satisfy 0 < min <= max")?;
+        check(!d.train_split.is_empty(), "data.train_split", "must not be empty")?;
+        check(!d.val_split.is_empty(), "data.val_split", "must not be empty")?;
+        let o = &self.optim;
+        check(o.lr > 0.0 && o.lr.is_finite(), "optim.lr", "must be a positive number")?;
+        check(o.weight_decay >= 0.0, "optim.weight_decay", "must not be negative")?;
+        check((0.0..1.0).contains(&o.momentum), "optim.momentum", "must be in [0, 1)")?;
+        check(!o.nesterov || o.momentum > 0.0, "optim.nesterov", "needs optim.momentum > 0")?;
+        check(o.betas.iter().all(|b| (0.0..1.0).contains(b)), "optim.betas", "both must be in [0, 1)")?;
+        check(o.eps > 0.0, "optim.eps", "must be positive")?;
+        let s = &self.schedule;
+        check(s.warmup_epochs >= 0.0, "schedule.warmup_epochs", "must not be negative")?;
+        check(
+            s.warmup_start_factor > 0.0 && s.warmup_start_factor <= 1.0,
+            "schedule.warmup_start_factor",
+            "must be in (0, 1]",
+        )?;
+        check(s.min_lr >= 0.0 && s.min_lr <= o.lr, "schedule.min_lr", "must be in [0, optim.lr]")?;
+        check(s.step_epochs > 0, "schedule.step_epochs", "must be positive")?;
+        check(s.gamma > 0.0 && s.gamma <= 1.0, "schedule.gamma", "must be in (0, 1]")?;
+        let t = &self.train;
+        check(t.epochs > 0, "train.epochs", "must be positive")?;
+        check((0.0..1.0).contains(&t.label_smoothing), "train.label_smoothing", "must be in [0, 1)")?;
+        check(t.log_every_steps > 0, "train.log_every_steps", "must be positive")?;
+        check(self.checkpoint.keep_last > 0, "checkpoint.keep_last", "must be at least 1")?;
+        Ok(())
+    }
+
+    pub fn eval_resize(&self) -> u32 {
+        match self.data.eval_resize {
+            0 => (self.data.image_size * 256).div_ceil(224),
+            n => n,
+        }
+    }
+
+    pub fn eval_batch_size(&self) -> usize {
+        match self.data.eval_batch_size {
+            0 => self.data.batch_size,
+            n => n,
+        }
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// sha256 of the canonical TOML: identifies the configuration in checkpoints.
+    pub fn hash(&self) -> String {
+        hex::encode(Sha256::digest(self.to_toml().as_bytes()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_with(toml: &str, overrides: &[&str]) -> Result<LoadedConfig, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.toml");
+        std::fs::write(&path, toml).unwrap();
+        let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        LoadedConfig::load(Some(&path), &overrides)
+    }
+
+    #[test]
+    fn layers_override_in_order() {
+        let loaded = load_with("[train]\nepochs = 3\n[optim]\nlr = 0.2\n", &["train.epochs=5"]).unwrap();
+        assert_eq!(loaded.config.train.epochs, 5, "--set beats the file");
+        assert_eq!(loaded.config.optim.lr, 0.2, "the file beats the defaults");
+        assert_eq!(loaded.config.data.batch_size, 32, "defaults fill the rest");
+        let shown = loaded.show().unwrap();
+        assert!(shown.contains("epochs = 5  # --set"), "{shown}");
+        assert!(shown.contains("lr = 0.2  # file"), "{shown}");
+        assert!(shown.contains("batch_size = 32  # default"), "{shown}");
+    }
+
+    #[test]
+    fn bare_strings_and_arrays_in_overrides() {
+        let loaded = load_with("", &["model.arch=resnet50", "data.scale=[0.5, 1.0]"]).unwrap();
+        assert_eq!(loaded.config.model.arch, Arch::Resnet50);
+        assert_eq!(loaded.config.data.scale, [0.5, 1.0]);
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_file() {
+        let err = load_with("[train]\nepochz = 3\n", &[]).err().unwrap().to_string();
+        assert!(err.contains("epochz"), "{err}");
+        assert!(err.contains("run.toml"), "{err}");
+    }
+
+    #[test]
+    fn wrong_type_names_key() {
+        let err = load_with("", &["train.epochs=many"]).err().unwrap().to_string();
+        assert!(err.contains("train.epochs"), "{err}");
+        assert!(err.contains("--set"), "{err}");
+    }
+
+    #[test]
+    fn unknown_arch_is_rejected() {
+        let err = load_with("[model]\narch = \"resnet19\"\n", &[]).err().unwrap().to_string();
+        assert!(err.contains("resnet19") && err.contains("model.arch"), "{err}");
+    }
+
+    #[test]
+    fn invalid_values_name_the_key() {
+        let err = load_with("", &["data.scale=[0.9, 0.1]"]).err().unwrap().to_string();
+        assert!(err.contains("data.scale"), "{err}");
+        let err = load_with("", &["optim.nesterov=true", "optim.momentum=0"]).err().unwrap();
+        assert!(err.to_string().contains("optim.nesterov"));
+    }
+
+    #[test]
+    fn malformed_override_is_rejected() {
+        let err = load_with("", &["train.epochs"]).err().unwrap().to_string();
+        assert!(err.contains("section.key=value"), "{err}");
+    }
+
+    #[test]
+    fn documented_defaults_are_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/default.toml");
+        let documented = LoadedConfig::load(Some(&path), &[]).unwrap().config;
+        assert_eq!(documented, Config::default(), "configs/default.toml and Config::default() disagree");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let shown = LoadedConfig::load(None, &[]).unwrap().show().unwrap();
+        for line in shown.lines().filter(|l| l.contains(" = ")) {
+            let key = line.split(" = ").next().unwrap();
+            assert!(
+                text.contains(&format!("{key} = ")) || text.contains(&format!("# {key} = ")),
+                "{key} undocumented"
+            );
+        }
+    }
+
+    #[test]
+    fn hash_changes_with_values() {
+        let a = Config::default();
+        let mut b = Config::default();
+        b.optim.lr = 0.01;
+        assert_ne!(a.hash(), b.hash());
+        assert_eq!(a.hash(), Config::default().hash());
+    }
+}

@@ -1,0 +1,540 @@
+//! The batch loader: decodes and transforms an epoch's samples on worker threads and hands
+//! them out as tensors, in a fixed order, with bounded memory.
+//!
+//! This module owns batching (`order.chunks(batch_size)`), the worker threads and their
+//! shutdown, and writing each batch straight into a `tch::Tensor`. Batch `k` (counted from
+//! `start_batch`) is built by worker `k % workers` into that worker's own bounded channel and
+//! the iterator receives from the channels round-robin, so batches arrive in order whatever
+//! the thread timing. Augmentation randomness comes from [`sample_rng`] per sample, so the
+//! batches are bit-identical for any number of workers, including none.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use tch::{Device, Kind, Tensor};
+
+use super::folder::{DataError, ImageFolder};
+use super::transforms::{apply, sample_rng, Transform};
+
+/// One batch of transformed images.
+#[derive(Debug)]
+pub struct Batch {
+    /// `[B, 3, S, S]` `f32`, normalised, on the CPU.
+    pub images: Tensor,
+    /// `[B]` `i64` class labels.
+    pub labels: Tensor,
+    /// The dataset indices the batch was built from, in batch order.
+    pub indices: Vec<usize>,
+}
+
+/// How batches are formed and how much work runs ahead.
+#[derive(Debug, Clone)]
+pub struct LoaderOptions {
+    /// Samples per batch (at least 1).
+    pub batch_size: usize,
+    /// Decoding threads; 0 decodes on the thread that iterates.
+    pub workers: usize,
+    /// Finished batches each worker may hold before it waits for the consumer; 0 means a
+    /// worker hands over each batch as it is taken (still one batch ahead while it waits).
+    pub prefetch: usize,
+    /// Whether to drop a final batch smaller than `batch_size`.
+    pub drop_last: bool,
+}
+
+/// Everything a worker needs to build any batch of the epoch; shared read-only.
+struct Job {
+    dataset: Arc<ImageFolder>,
+    order: Vec<usize>,
+    transform: Transform,
+    seed: u64,
+    epoch: u64,
+    batch_size: usize,
+}
+
+impl Job {
+    /// Builds batch `k`, or returns `Ok(None)` if `cancel` was raised part-way.
+    fn build(&self, k: usize, cancel: &AtomicBool) -> Result<Option<Batch>, DataError> {
+        let start = k * self.batch_size;
+        let end = (start + self.batch_size).min(self.order.len());
+        let indices = self.order[start..end].to_vec();
+        let per_image = self.transform.output_len();
+        let size = i64::from(self.transform.size());
+        let len = per_image * indices.len();
+        let tensor_err = |source| DataError::Tensor { root: self.dataset.root.clone(), source };
+        // The images are written straight into the tensor's memory. `Tensor::from_slice` would
+        // cost a zero-fill (an OpenMP region: each loader thread then keeps its own team of
+        // spinning OpenMP threads) plus a copy — more CPU than the resampling itself at 224².
+        let images = Tensor::f_empty([indices.len() as i64, 3, size, size], (Kind::Float, Device::Cpu))
+            .map_err(tensor_err)?;
+        let pixels: &mut [f32] = if len == 0 {
+            &mut []
+        } else {
+            // SAFETY: `images` was just allocated by libtorch as a contiguous CPU `f32` tensor
+            // of exactly `len` elements, so `data_ptr` is valid and aligned for `len` `f32`s.
+            // No other handle to its storage exists until `images` is returned below, after
+            // the last use of this slice, so nothing else reads or writes it meanwhile.
+            unsafe { std::slice::from_raw_parts_mut(images.data_ptr().cast::<f32>(), len) }
+        };
+        let mut labels = Vec::with_capacity(indices.len());
+        for (i, &index) in indices.iter().enumerate() {
+            if cancel.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            let image = self.dataset.load(index)?;
+            // `load` has checked the index, so this lookup cannot fail.
+            let label = self.dataset.samples.get(index).map_or(0, |s| s.1);
+            labels.push(label as i64);
+            let mut rng = sample_rng(self.seed, self.epoch, index);
+            // `apply` writes every value, so the uninitialised memory is fully overwritten.
+            apply(&image, &self.transform, &mut rng, &mut pixels[i * per_image..(i + 1) * per_image]);
+        }
+        let labels = Tensor::f_from_slice(&labels).map_err(tensor_err)?;
+        Ok(Some(Batch { images, labels, indices }))
+    }
+}
+
+/// Where batches come from.
+enum Source {
+    /// `workers == 0`: build on the iterating thread.
+    Inline,
+    /// One channel per worker, received from round-robin.
+    Workers {
+        receivers: Vec<Receiver<Result<Batch, DataError>>>,
+        handles: Vec<JoinHandle<()>>,
+        cancel: Arc<AtomicBool>,
+    },
+    /// Finished, failed or shut down: yields nothing more.
+    Done,
+}
+
+/// Iterator over one epoch's batches; see the module documentation.
+///
+/// Dropping it early stops and joins the workers.
+pub struct Loader {
+    job: Arc<Job>,
+    /// Absolute number of the next batch to yield.
+    next: usize,
+    /// First batch this loader yields (the `start_batch` it was created with, capped).
+    first: usize,
+    /// Number of batches in the whole epoch.
+    end: usize,
+    /// Set when the options are unusable; reported by the first `next`.
+    invalid: Option<DataError>,
+    source: Source,
+}
+
+impl Loader {
+    /// Starts loading the batches `order.chunks(batch_size)` (the last, partial one dropped
+    /// when `drop_last`), skipping the first `start_batch` of them without decoding
+    /// anything — for resuming mid-epoch. `order` is this epoch's sequence of dataset
+    /// indices (the sampler's job); `seed` and `epoch` key the augmentation randomness.
+    ///
+    /// Workers start immediately. A `batch_size` of 0 makes the first item an error.
+    pub fn new(
+        dataset: Arc<ImageFolder>,
+        order: Vec<usize>,
+        transform: Transform,
+        seed: u64,
+        epoch: u64,
+        start_batch: usize,
+        options: LoaderOptions,
+    ) -> Loader {
+        let invalid = (options.batch_size == 0).then(|| DataError::InvalidOptions {
+            root: dataset.root.clone(),
+            reason: "batch_size must be at least 1".to_string(),
+        });
+        let batch_size = options.batch_size.max(1);
+        let end = if invalid.is_some() {
+            // Nothing but the error will be yielded.
+            0
+        } else if options.drop_last {
+            order.len() / batch_size
+        } else {
+            order.len().div_ceil(batch_size)
+        };
+        let first = start_batch.min(end);
+        let job = Arc::new(Job { dataset, order, transform, seed, epoch, batch_size });
+        let source = if invalid.is_some() || first == end {
+            Source::Done
+        } else if options.workers == 0 {
+            Source::Inline
+        } else {
+            spawn_workers(&job, first, end, &options)
+        };
+        Loader { job, next: first, first, end, invalid, source }
+    }
+
+    /// Number of batches this loader yields in all: the epoch's batches minus the skipped
+    /// `start_batch` (constant; it does not count down as batches are taken).
+    pub fn len(&self) -> usize {
+        self.end - self.first
+    }
+
+    /// Whether the loader yields no batches at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of batches in the whole epoch, including any skipped by `start_batch`.
+    pub fn epoch_batches(&self) -> usize {
+        self.end
+    }
+
+    /// Stops the workers and waits for them. Dropping the receivers first makes any worker
+    /// blocked on a full channel fail its send and exit, so the joins cannot deadlock; the
+    /// cancel flag stops one mid-batch at the next sample.
+    fn shutdown(&mut self) {
+        if let Source::Workers { receivers, handles, cancel } =
+            std::mem::replace(&mut self.source, Source::Done)
+        {
+            cancel.store(true, Ordering::Relaxed);
+            drop(receivers);
+            for handle in handles {
+                // A panicked worker was already reported as `WorkerLost` (or its batch was
+                // never wanted); there is nothing more to do with the payload.
+                let _ = handle.join();
+            }
+        }
+        self.next = self.end;
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl Iterator for Loader {
+    type Item = Result<Batch, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some(err) = self.invalid.take() {
+            return Some(Err(err));
+        }
+        if self.next >= self.end {
+            self.shutdown();
+            return None;
+        }
+        let k = self.next;
+        let result = match &self.source {
+            Source::Done => return None,
+            Source::Inline => {
+                let never = AtomicBool::new(false);
+                // Without a cancel flag being raised, `build` always yields a batch.
+                match self.job.build(k, &never) {
+                    Ok(Some(batch)) => Ok(batch),
+                    Ok(None) => return None,
+                    Err(err) => Err(err),
+                }
+            }
+            Source::Workers { receivers, .. } => {
+                let worker = (k - self.first) % receivers.len();
+                receivers[worker].recv().unwrap_or_else(|_| {
+                    Err(DataError::WorkerLost { worker, root: self.job.dataset.root.clone() })
+                })
+            }
+        };
+        self.next += 1;
+        if result.is_err() {
+            // The epoch cannot continue past a missing batch: end here and free the workers.
+            self.shutdown();
+        } else if self.next >= self.end {
+            self.shutdown();
+        }
+        Some(result)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let remaining = self.end.saturating_sub(self.next) + usize::from(self.invalid.is_some());
+        (remaining, Some(remaining))
+    }
+}
+
+/// Starts `options.workers` threads; worker `w` builds batches `first + w`,
+/// `first + w + workers`, … into its own channel. Falls back to inline decoding if the OS
+/// refuses a thread.
+fn spawn_workers(job: &Arc<Job>, first: usize, end: usize, options: &LoaderOptions) -> Source {
+    let workers = options.workers.min(end - first).max(1);
+    let cancel = Arc::new(AtomicBool::new(false));
+    let mut receivers = Vec::with_capacity(workers);
+    let mut handles = Vec::with_capacity(workers);
+    for w in 0..workers {
+        let (tx, rx) = sync_channel(options.prefetch);
+        let job = Arc::clone(job);
+        let stop = Arc::clone(&cancel);
+        let spawned = std::thread::Builder::new().name(format!("loader-{w}")).spawn(move || {
+            let mut k = first + w;
+            while k < end && !stop.load(Ordering::Relaxed) {
+                let result = match job.build(k, &stop) {
+                    Ok(Some(batch)) => Ok(batch),
+                    Ok(None) => return,
+                    Err(err) => Err(err),
+                };
+                let failed = result.is_err();
+                // A failed send means the loader is gone: nobody wants more batches.
+                if tx.send(result).is_err() || failed {
+                    return;
+                }
+                k += workers;
+            }
+        });
+        match spawned {
+            Ok(handle) => {
+                receivers.push(rx);
+                handles.push(handle);
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "could not start loader threads; decoding inline");
+                cancel.store(true, Ordering::Relaxed);
+                drop(receivers);
+                for handle in handles {
+                    let _ = handle.join();
+                }
+                return Source::Inline;
+            }
+        }
+    }
+    Source::Workers { receivers, handles, cancel }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::transforms::{Augment, IMAGENET_MEAN, IMAGENET_STD};
+    use super::*;
+    use std::path::Path;
+
+    /// A tiny tree with two classes, mixed PNG/JPEG, different sizes and colours.
+    fn make_tree(root: &Path) {
+        for (class, count) in [("ants", 5), ("bees", 6)] {
+            std::fs::create_dir_all(root.join(class)).unwrap();
+            for i in 0..count {
+                let (w, h) = (20 + 3 * i, 16 + 5 * i);
+                let mut img = image::RgbImage::new(w, h);
+                for (x, y, p) in img.enumerate_pixels_mut() {
+                    *p = image::Rgb([(x * 9 + i) as u8, (y * 7) as u8, ((x ^ y) * 8) as u8]);
+                }
+                let ext = if i % 2 == 0 { "png" } else { "jpg" };
+                img.save(root.join(class).join(format!("{i:02}.{ext}"))).unwrap();
+            }
+        }
+    }
+
+    fn options(batch_size: usize, workers: usize, drop_last: bool) -> LoaderOptions {
+        LoaderOptions { batch_size, workers, prefetch: 2, drop_last }
+    }
+
+    /// A batch read back: (image values, labels, indices, image tensor shape).
+    type Collected = (Vec<f32>, Vec<i64>, Vec<usize>, Vec<i64>);
+
+    fn collect(loader: Loader) -> Vec<Collected> {
+        loader
+            .map(|b| {
+                let b = b.unwrap();
+                let images = Vec::<f32>::try_from(b.images.flatten(0, -1)).unwrap();
+                let labels = Vec::<i64>::try_from(&b.labels).unwrap();
+                (images, labels, b.indices, b.images.size())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn batches_are_identical_for_any_worker_count() {
+        let dir = tempfile::tempdir().unwrap();
+        make_tree(dir.path());
+        let data = Arc::new(ImageFolder::open(dir.path()).unwrap());
+        let order = vec![7, 2, 10, 0, 5, 3, 9, 1, 8, 4, 6];
+        let t = Transform::Train { size: 12, augment: Augment::default() };
+        let run = |workers| {
+            let loader = Loader::new(
+                Arc::clone(&data),
+                order.clone(),
+                t.clone(),
+                42,
+                3,
+                0,
+                options(4, workers, false),
+            );
+            assert_eq!(loader.len(), 3);
+            collect(loader)
+        };
+        let inline = run(0);
+        assert_eq!(inline.len(), 3);
+        assert_eq!(inline[2].3, vec![3, 3, 12, 12]);
+        assert_eq!(inline[0].3, vec![4, 3, 12, 12]);
+        let flat: Vec<usize> = inline.iter().flat_map(|b| b.2.clone()).collect();
+        assert_eq!(flat, order);
+        for workers in [1, 3] {
+            let threaded = run(workers);
+            assert_eq!(threaded.len(), inline.len());
+            for (a, b) in inline.iter().zip(&threaded) {
+                // Bit-identical, not merely close.
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a.0), bits(&b.0), "workers={workers}");
+                assert_eq!(a.1, b.1);
+                assert_eq!(a.2, b.2);
+            }
+        }
+        // A different epoch augments differently.
+        let other =
+            collect(Loader::new(Arc::clone(&data), order.clone(), t.clone(), 42, 4, 0, options(4, 2, false)));
+        assert_ne!(other[0].0, inline[0].0);
+    }
+
+    #[test]
+    fn labels_match_folder_classes() {
+        let dir = tempfile::tempdir().unwrap();
+        make_tree(dir.path());
+        let data = Arc::new(ImageFolder::open(dir.path()).unwrap());
+        assert_eq!(data.classes, vec!["ants", "bees"]);
+        let order: Vec<usize> = (0..data.len()).rev().collect();
+        let t = Transform::Eval { size: 8, resize: 10 };
+        let batches = collect(Loader::new(Arc::clone(&data), order, t, 0, 0, 0, options(3, 2, false)));
+        let mut seen = 0;
+        for (_, labels, indices, _) in &batches {
+            for (&label, &index) in labels.iter().zip(indices) {
+                let want = usize::from(index >= 5);
+                assert_eq!(label as usize, want, "index {index}");
+                let class = &data.classes[label as usize];
+                assert!(data.samples[index].0.starts_with(dir.path().join(class)));
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, 11);
+    }
+
+    #[test]
+    fn eval_batch_of_constant_images_is_normalised_constant() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a")).unwrap();
+        image::RgbImage::from_pixel(30, 17, image::Rgb([10, 100, 250]))
+            .save(dir.path().join("a/x.png"))
+            .unwrap();
+        let data = Arc::new(ImageFolder::open(dir.path()).unwrap());
+        let t = Transform::Eval { size: 8, resize: 9 };
+        let batches = collect(Loader::new(data, vec![0, 0], t, 0, 0, 0, options(2, 1, false)));
+        let images = &batches[0].0;
+        assert_eq!(batches[0].3, vec![2, 3, 8, 8]);
+        for (c, v) in [10u8, 100, 250].into_iter().enumerate() {
+            let want = (f32::from(v) / 255.0 - IMAGENET_MEAN[c]) / IMAGENET_STD[c];
+            for img in 0..2 {
+                let plane = &images[img * 192 + c * 64..img * 192 + (c + 1) * 64];
+                assert!(plane.iter().all(|&x| x == want), "channel {c}");
+            }
+        }
+    }
+
+    #[test]
+    fn start_batch_skips_and_drop_last_drops() {
+        let dir = tempfile::tempdir().unwrap();
+        make_tree(dir.path());
+        let data = Arc::new(ImageFolder::open(dir.path()).unwrap());
+        let order: Vec<usize> = (0..11).collect();
+        let t = Transform::Train { size: 8, augment: Augment::default() };
+        let full =
+            collect(Loader::new(Arc::clone(&data), order.clone(), t.clone(), 1, 0, 0, options(3, 0, true)));
+        assert_eq!(full.len(), 3); // 11 / 3, last partial dropped
+        for workers in [0, 2] {
+            let resumed =
+                Loader::new(Arc::clone(&data), order.clone(), t.clone(), 1, 0, 2, options(3, workers, true));
+            assert_eq!(resumed.len(), 1);
+            assert_eq!(resumed.epoch_batches(), 3);
+            let resumed = collect(resumed);
+            assert_eq!(resumed.len(), 1);
+            assert_eq!(resumed[0].2, vec![6, 7, 8]);
+            assert_eq!(resumed[0].0, full[2].0);
+        }
+        // Skipping past the end yields nothing.
+        let past = Loader::new(Arc::clone(&data), order.clone(), t.clone(), 1, 0, 9, options(3, 2, false));
+        assert!(past.is_empty());
+        assert_eq!(past.count(), 0);
+    }
+
+    #[test]
+    fn start_batch_does_not_decode_skipped_batches() {
+        // Sample 0 is corrupt; skipping its batch must not touch it.
+        let dir = tempfile::tempdir().unwrap();
+        make_tree(dir.path());
+        std::fs::write(dir.path().join("ants/00.png"), b"garbage").unwrap();
+        let data = Arc::new(ImageFolder::open(dir.path()).unwrap());
+        let t = Transform::Eval { size: 8, resize: 8 };
+        let order: Vec<usize> = (0..11).collect();
+        for workers in [0, 2] {
+            let got = collect(Loader::new(
+                Arc::clone(&data),
+                order.clone(),
+                t.clone(),
+                0,
+                0,
+                1,
+                options(4, workers, false),
+            ));
+            assert_eq!(got.len(), 2);
+        }
+    }
+
+    #[test]
+    fn corrupt_file_ends_the_epoch_with_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        make_tree(dir.path());
+        let bad = dir.path().join("bees/02.png");
+        std::fs::write(&bad, b"\x89PNG\r\n\x1a\n truncated").unwrap();
+        let data = Arc::new(ImageFolder::open(dir.path()).unwrap());
+        let bad_index = data.samples.iter().position(|s| s.0 == bad).unwrap();
+        let t = Transform::Eval { size: 8, resize: 8 };
+        let order: Vec<usize> = (0..11).collect();
+        for workers in [0, 1, 3] {
+            let mut loader =
+                Loader::new(Arc::clone(&data), order.clone(), t.clone(), 0, 0, 0, options(2, workers, false));
+            let bad_batch = bad_index / 2;
+            for _ in 0..bad_batch {
+                assert!(loader.next().unwrap().is_ok());
+            }
+            let err = loader.next().unwrap().unwrap_err();
+            assert!(matches!(err, DataError::Decode { .. }), "{err:?}");
+            assert!(err.to_string().contains(&*bad.to_string_lossy()), "{err}");
+            assert!(loader.next().is_none(), "workers={workers}");
+        }
+    }
+
+    #[test]
+    fn dropping_early_stops_workers() {
+        let dir = tempfile::tempdir().unwrap();
+        make_tree(dir.path());
+        let data = Arc::new(ImageFolder::open(dir.path()).unwrap());
+        let order: Vec<usize> = (0..11).cycle().take(400).collect();
+        let t = Transform::Train { size: 16, augment: Augment::default() };
+        let mut loader = Loader::new(
+            Arc::clone(&data),
+            order,
+            t,
+            0,
+            0,
+            0,
+            LoaderOptions { batch_size: 2, workers: 3, prefetch: 1, drop_last: false },
+        );
+        assert!(loader.next().unwrap().is_ok());
+        // Let the workers fill their channels and block on send.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        drop(loader);
+        // The workers held the only other references to the dataset: all joined.
+        assert_eq!(Arc::strong_count(&data), 1);
+    }
+
+    #[test]
+    fn zero_batch_size_and_bad_index_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        make_tree(dir.path());
+        let data = Arc::new(ImageFolder::open(dir.path()).unwrap());
+        let t = Transform::Eval { size: 8, resize: 8 };
+        let mut loader = Loader::new(Arc::clone(&data), vec![0, 1], t.clone(), 0, 0, 0, options(0, 2, false));
+        assert!(matches!(loader.next(), Some(Err(DataError::InvalidOptions { .. }))));
+        assert!(loader.next().is_none());
+
+        let mut loader = Loader::new(data, vec![0, 99], t, 0, 0, 0, options(2, 1, false));
+        assert!(matches!(loader.next(), Some(Err(DataError::IndexOutOfRange { index: 99, .. }))));
+        assert!(loader.next().is_none());
+    }
+}

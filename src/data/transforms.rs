@@ -1,0 +1,823 @@
+//! torchvision-style preprocessing: `RandomResizedCrop` + `RandomHorizontalFlip` for training,
+//! `Resize` + `CenterCrop` for evaluation, then `ToTensor` + `Normalize`.
+//!
+//! This module owns the geometry (crop parameters drawn exactly as torchvision draws them),
+//! the resampling and the normalisation, fused into one pass that writes CHW `f32` straight
+//! into the caller's batch buffer. It also owns [`sample_rng`], the per-sample random stream
+//! that makes augmentation independent of worker count, batch position and resumption.
+//!
+//! Resampling is PIL's antialiased bilinear ("triangle") filter, which torchvision uses for
+//! PIL images, in PIL's own fixed-point arithmetic (horizontal pass, round to 8 bits,
+//! vertical pass, round), so the output matches torchvision + Pillow bit for bit given the
+//! same crop. Only the crop is resampled, never the whole image.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use image::RgbImage;
+
+/// Per-channel mean of ImageNet in `[0, 1]` RGB, as used by torchvision's reference models.
+pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+/// Per-channel standard deviation of ImageNet in `[0, 1]` RGB.
+pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+/// Training augmentation: `RandomResizedCrop(size, scale, ratio)` then, when `hflip`,
+/// `RandomHorizontalFlip(0.5)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Augment {
+    /// Range of the crop's area as a fraction of the image's area.
+    pub scale: (f64, f64),
+    /// Range of the crop's aspect ratio (width / height), sampled log-uniformly.
+    pub ratio: (f64, f64),
+    /// Whether to flip horizontally with probability one half.
+    pub hflip: bool,
+}
+
+impl Default for Augment {
+    /// torchvision's defaults: scale (0.08, 1.0), ratio (3/4, 4/3), with flipping.
+    fn default() -> Self {
+        Self { scale: (0.08, 1.0), ratio: (3.0 / 4.0, 4.0 / 3.0), hflip: true }
+    }
+}
+
+/// What to do to each image before it enters a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Transform {
+    /// Random resized crop to `size`×`size` (plus optional flip).
+    Train {
+        /// Output side length in pixels.
+        size: u32,
+        /// Augmentation parameters.
+        augment: Augment,
+    },
+    /// `Resize(resize)` (shorter side to `resize`, aspect kept) then `CenterCrop(size)`.
+    Eval {
+        /// Output side length in pixels.
+        size: u32,
+        /// Length the shorter side is resized to before cropping (torchvision uses 256 for
+        /// a 224 crop).
+        resize: u32,
+    },
+}
+
+impl Transform {
+    /// Output side length: every image becomes `3 × size × size` values.
+    pub fn size(&self) -> u32 {
+        match self {
+            Self::Train { size, .. } | Self::Eval { size, .. } => *size,
+        }
+    }
+
+    /// Number of `f32` values [`apply`] writes per image.
+    pub fn output_len(&self) -> usize {
+        let s = self.size() as usize;
+        3 * s * s
+    }
+}
+
+/// A crop rectangle in image pixel coordinates, as `RandomResizedCrop.get_params` returns
+/// it: `(i, j, h, w)` = (`top`, `left`, `height`, `width`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Crop {
+    /// First row.
+    pub top: u32,
+    /// First column.
+    pub left: u32,
+    /// Number of rows.
+    pub height: u32,
+    /// Number of columns.
+    pub width: u32,
+}
+
+/// The random stream for one sample of one epoch.
+///
+/// Seeding by (seed, epoch, dataset index) rather than drawing from a shared stream means a
+/// sample's augmentation does not depend on which worker decodes it, where it lands in a
+/// batch, or whether the run was resumed mid-epoch. `seed` and `epoch` are mixed with
+/// splitmix64 into the ChaCha key; `index` selects the ChaCha stream, so distinct samples
+/// are guaranteed distinct, non-overlapping streams. (A sample that appears twice in one
+/// epoch's order gets the same augmentation both times.)
+pub fn sample_rng(seed: u64, epoch: u64, index: usize) -> ChaCha8Rng {
+    // The constant ("rtrain-a") separates these streams from other splitmix64 uses of `seed`.
+    let mut state = splitmix64(seed ^ 0x7274_7261_696e_2d61);
+    state = splitmix64(state ^ epoch);
+    let mut key = [0u8; 32];
+    for chunk in key.chunks_exact_mut(8) {
+        state = splitmix64(state);
+        chunk.copy_from_slice(&state.to_le_bytes());
+    }
+    let mut rng = ChaCha8Rng::from_seed(key);
+    rng.set_stream(index as u64);
+    rng
+}
+
+/// One step of splitmix64 (Steele, Lea & Flood): a bijective, well-avalanched 64-bit mix.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Python's `round` (half to even), which torchvision's integer geometry relies on.
+fn py_round(x: f64) -> f64 {
+    x.round_ties_even()
+}
+
+/// `uniform_(lo, hi)`: written out rather than `random_range` so that `lo == hi` (a fixed
+/// scale, say) is allowed instead of panicking on an empty range.
+fn uniform(rng: &mut ChaCha8Rng, lo: f64, hi: f64) -> f64 {
+    lo + (hi - lo) * rng.random::<f64>()
+}
+
+/// `RandomResizedCrop.get_params`, step for step: up to ten tries of a random area in
+/// `scale` and log-uniform aspect ratio in `ratio`, else a central crop clamped to the ratio
+/// bounds. The result always lies inside the image and, unless the image is empty, is never
+/// empty, even for nonsensical `scale`/`ratio` values.
+pub fn random_resized_crop(height: u32, width: u32, augment: &Augment, rng: &mut ChaCha8Rng) -> Crop {
+    if height == 0 || width == 0 {
+        return Crop { top: 0, left: 0, height: 0, width: 0 };
+    }
+    let area = f64::from(height) * f64::from(width);
+    let (log_lo, log_hi) = (augment.ratio.0.ln(), augment.ratio.1.ln());
+    for _ in 0..10 {
+        let target_area = area * uniform(rng, augment.scale.0, augment.scale.1);
+        let aspect = uniform(rng, log_lo, log_hi).exp();
+        let w = py_round((target_area * aspect).sqrt());
+        let h = py_round((target_area / aspect).sqrt());
+        // NaN (from a non-positive ratio) fails these comparisons and falls through.
+        if w > 0.0 && w <= f64::from(width) && h > 0.0 && h <= f64::from(height) {
+            let (w, h) = (w as u32, h as u32);
+            let top = rng.random_range(0..=height - h);
+            let left = rng.random_range(0..=width - w);
+            return Crop { top, left, height: h, width: w };
+        }
+    }
+
+    // Fallback: the whole image, or its centre cut to the nearest allowed aspect ratio.
+    let in_ratio = f64::from(width) / f64::from(height);
+    let min_ratio = augment.ratio.0.min(augment.ratio.1);
+    let max_ratio = augment.ratio.0.max(augment.ratio.1);
+    let (mut w, mut h) = (width, height);
+    if in_ratio < min_ratio {
+        h = py_round(f64::from(w) / min_ratio) as u32;
+    } else if in_ratio > max_ratio {
+        w = py_round(f64::from(h) * max_ratio) as u32;
+    }
+    // Only reachable with degenerate ratios, but a crop must stay inside and non-empty.
+    let h = h.clamp(1, height);
+    let w = w.clamp(1, width);
+    Crop { top: (height - h) / 2, left: (width - w) / 2, height: h, width: w }
+}
+
+/// Transforms `image` and writes the normalised CHW result (`3 * size * size` values, RGB
+/// planes) into `out`. `rng` is consumed only by [`Transform::Train`].
+///
+/// # Panics
+/// If `out.len()` differs from [`Transform::output_len`] — a caller bug, not bad input.
+pub fn apply(image: &RgbImage, transform: &Transform, rng: &mut ChaCha8Rng, out: &mut [f32]) {
+    assert_eq!(
+        out.len(),
+        transform.output_len(),
+        "output buffer length does not match the transform's 3*size*size"
+    );
+    let size = transform.size();
+    if size == 0 {
+        return;
+    }
+    let (width, height) = image.dimensions();
+    if width == 0 || height == 0 {
+        // Nothing to sample: emit the normalised black that padding would give.
+        fill_black(out, size as usize);
+        return;
+    }
+    match transform {
+        Transform::Train { augment, .. } => {
+            let crop = random_resized_crop(height, width, augment, rng);
+            // torch draws the flip after the crop; keep that order.
+            let flip = augment.hflip && rng.random::<f64>() < 0.5;
+            let x = Axis::new(crop.left, crop.width, size, 0, size);
+            let y = Axis::new(crop.top, crop.height, size, 0, size);
+            resample(image, &x, &y, flip, size as usize, out);
+        }
+        Transform::Eval { resize, .. } => {
+            let (new_w, new_h) = resized_dims(width, height, *resize);
+            let x = Axis::new(0, width, new_w, center_offset(new_w, size), size);
+            let y = Axis::new(0, height, new_h, center_offset(new_h, size), size);
+            resample(image, &x, &y, false, size as usize, out);
+        }
+    }
+}
+
+/// torchvision `Resize(int)`: the shorter side becomes `resize`, the longer one
+/// `int(resize * long / short)` (truncated, as Python's `int` does).
+fn resized_dims(width: u32, height: u32, resize: u32) -> (u32, u32) {
+    let long_of = |long: u32, short: u32| (f64::from(resize) * f64::from(long) / f64::from(short)) as u32;
+    if width <= height {
+        (resize, long_of(height, width))
+    } else {
+        (long_of(width, height), resize)
+    }
+}
+
+/// torchvision `CenterCrop` offset of the crop window within a side of length `len`:
+/// `round((len - size) / 2)`, or, when the crop is larger than the image, minus the zero
+/// padding `(size - len) // 2` added before it.
+fn center_offset(len: u32, size: u32) -> i64 {
+    if size > len {
+        -i64::from((size - len) / 2)
+    } else {
+        py_round(f64::from(len - size) / 2.0) as i64
+    }
+}
+
+/// Fixed-point precision of PIL's 8-bit resampling (`PRECISION_BITS` in `Resample.c`).
+const PRECISION_BITS: u32 = 32 - 8 - 2;
+
+/// PIL's `clip8`: drop the fraction bits (already offset by half for rounding) and clamp.
+fn clip8(acc: i32) -> u8 {
+    (acc >> PRECISION_BITS).clamp(0, 255) as u8
+}
+
+/// Resampling weights along one axis, computed as PIL's `precompute_coeffs` and
+/// `normalize_coeffs_8bpc` compute them for the bilinear (triangle) filter, so the integer
+/// arithmetic below reproduces torchvision's PIL pipeline bit for bit.
+///
+/// The source segment `[src_start, src_start + src_len)` is resized to `dst_len` samples, of
+/// which only the window `[win_start, win_start + win_len)` is produced; window positions
+/// outside `[0, dst_len)` are zero padding (torchvision's `CenterCrop` of a small image).
+struct Axis {
+    /// Per window position: first source index (absolute) and number of taps; `taps == 0`
+    /// marks padding.
+    spans: Vec<(usize, usize)>,
+    /// Per window position, `stride` fixed-point weights (only the first `taps` used).
+    weights: Vec<i32>,
+    stride: usize,
+    /// Length of the source segment and of its full resized extent (not just the window).
+    src_len: u32,
+    dst_len: u32,
+}
+
+impl Axis {
+    fn new(src_start: u32, src_len: u32, dst_len: u32, win_start: i64, win_len: u32) -> Self {
+        let scale = f64::from(src_len) / f64::from(dst_len.max(1));
+        // Downscaling widens the filter so every source pixel contributes (antialiasing).
+        let filter_scale = scale.max(1.0);
+        let support = filter_scale; // the triangle filter's support is 1
+        let inv_scale = 1.0 / filter_scale;
+        let stride = (support.ceil() as usize) * 2 + 1;
+        let one = f64::from(1u32 << PRECISION_BITS);
+        let mut spans = Vec::with_capacity(win_len as usize);
+        let mut weights = vec![0i32; stride * win_len as usize];
+        let mut raw = vec![0f64; stride];
+        for (o, row) in weights.chunks_exact_mut(stride).enumerate() {
+            let x = win_start + o as i64;
+            if x < 0 || x >= i64::from(dst_len) {
+                spans.push((0, 0));
+                continue;
+            }
+            let center = (x as f64 + 0.5) * scale;
+            // C's `(int)` truncation as in PIL; with the clamp at 0 it is a floor.
+            let xmin = ((center - support + 0.5) as i64).max(0) as usize;
+            let xmax = ((center + support + 0.5) as i64).clamp(0, i64::from(src_len)) as usize;
+            let taps = xmax.saturating_sub(xmin).min(stride);
+            let mut total = 0.0;
+            for (k, r) in raw[..taps].iter_mut().enumerate() {
+                let t = ((k + xmin) as f64 - center + 0.5) * inv_scale;
+                *r = (1.0 - t.abs()).max(0.0);
+                total += *r;
+            }
+            if total <= 0.0 {
+                // Unreachable for a position inside the image (some tap is always nearer
+                // than the support); PIL would output black, as padding does.
+                spans.push((0, 0));
+                continue;
+            }
+            for (dst, r) in row.iter_mut().zip(&raw[..taps]) {
+                // Weights are non-negative, so PIL's `(int)(0.5 + w * 2^22)` branch applies.
+                *dst = (0.5 + *r / total * one) as i32;
+            }
+            spans.push((src_start as usize + xmin, taps));
+        }
+        Self { spans, weights, stride, src_len, dst_len }
+    }
+
+    /// Source indices `[lo, hi)` that any non-padding window position reads, if any.
+    fn source_range(&self) -> Option<(usize, usize)> {
+        let mut used = self.spans.iter().filter(|span| span.1 > 0);
+        let first = used.next()?;
+        let (lo, hi) =
+            used.fold((first.0, first.0 + first.1), |(lo, hi), &(s, t)| (lo.min(s), hi.max(s + t)));
+        Some((lo, hi))
+    }
+
+    /// The taps re-expressed with the same number `k` of weights for every position,
+    /// reading source indices within `[lo, hi)` and given relative to `lo`, so the
+    /// horizontal pass can run a fixed-length, branch-free loop.
+    ///
+    /// Zero weights at either end of a span (PIL keeps them; upsampling always has one) are
+    /// trimmed first, as they add exactly nothing; `k` is the longest remaining span. A
+    /// window that would run past `hi` is moved left with its weights shifted, the extra
+    /// weights being zero. Padding positions get all-zero weights, which yields black.
+    /// `None` when the source is narrower than `k`.
+    fn fixed(&self, lo: usize, hi: usize) -> Option<FixedTaps> {
+        let trimmed: Vec<(usize, &[i32])> = (0..self.spans.len())
+            .map(|o| {
+                let (start, taps) = self.taps(o);
+                let first = taps.iter().position(|&w| w != 0).unwrap_or(taps.len());
+                let last = taps.iter().rposition(|&w| w != 0).map_or(first, |i| i + 1);
+                (start + first, &taps[first..last])
+            })
+            .collect();
+        let k = trimmed.iter().map(|t| t.1.len()).max().unwrap_or(0).max(1);
+        if hi < lo + k {
+            return None;
+        }
+        let mut starts = Vec::with_capacity(trimmed.len());
+        let mut weights = vec![0i32; k * trimmed.len()];
+        for (dst, &(start, taps)) in weights.chunks_exact_mut(k).zip(&trimmed) {
+            if taps.is_empty() {
+                starts.push(0);
+                continue;
+            }
+            let begin = start.min(hi - k).max(lo);
+            let shift = start - begin;
+            dst[shift..shift + taps.len()].copy_from_slice(taps);
+            starts.push(begin - lo);
+        }
+        Some(FixedTaps { starts, weights, k })
+    }
+
+    fn taps(&self, o: usize) -> (usize, &[i32]) {
+        let (start, taps) = self.spans[o];
+        (start, &self.weights[o * self.stride..o * self.stride + taps])
+    }
+}
+
+/// Lookup table from an 8-bit channel value to torchvision's `(v / 255 - mean) / std`,
+/// computed in `f32` exactly as `ToTensor` + `Normalize` compute it.
+fn normalise_table() -> [[f32; 256]; 3] {
+    let mut table = [[0f32; 256]; 3];
+    for (c, plane) in table.iter_mut().enumerate() {
+        for (v, slot) in plane.iter_mut().enumerate() {
+            *slot = (v as f32 / 255.0 - IMAGENET_MEAN[c]) / IMAGENET_STD[c];
+        }
+    }
+    table
+}
+
+/// The table is 3 KiB and the same for every image: build it once per process.
+fn table() -> &'static [[f32; 256]; 3] {
+    static TABLE: std::sync::OnceLock<[[f32; 256]; 3]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(normalise_table)
+}
+
+fn fill_black(out: &mut [f32], size: usize) {
+    let table = table();
+    for (c, plane) in out.chunks_exact_mut(size * size).enumerate() {
+        plane.fill(table[c][0]);
+    }
+}
+
+/// Separable resampling of the source pixels selected by `x`/`y` into the `size`×`size`
+/// window, normalised and written as CHW planes (columns reversed when `flip`, which equals
+/// flipping after the resize).
+///
+/// Each pass rounds to 8 bits, so the pass order changes the result by a grey level here
+/// and there. Pillow 13.0.0 (the reference torchvision environment in `.deps/venv`) runs the
+/// vertical pass first when the height shrinks by more than twice as many pixels as the
+/// width does; we follow the same rule so our output stays bit-identical to it. (Older
+/// Pillow always went horizontal first; that differs by at most one level on some pixels.)
+fn resample(image: &RgbImage, x: &Axis, y: &Axis, flip: bool, size: usize, out: &mut [f32]) {
+    let shrink_h = i64::from(y.src_len) - i64::from(y.dst_len);
+    let shrink_w = i64::from(x.src_len) - i64::from(x.dst_len);
+    let (lo, hi) = (x.source_range(), y.source_range());
+    let Some(((col_lo, col_hi), (row_lo, row_hi))) = lo.zip(hi) else {
+        // Every output pixel is padding.
+        fill_black(out, size);
+        return;
+    };
+    let src = image.as_raw();
+    let width = image.width() as usize;
+    let src_stride = width * 3;
+    let row_len = size * 3;
+    let mut sink = Sink::new(out, size, flip);
+    // Padding columns have no taps (or all-zero weights), so both passes leave them at 0:
+    // black, as torchvision's zero padding is. Padding rows are filled explicitly.
+    if shrink_h > 0 && shrink_h > 2 * shrink_w {
+        // Vertical pass: each output row over the needed source columns.
+        let ncols = col_hi - col_lo;
+        let mut vert = vec![0u8; ncols * 3];
+        let mut acc = vec![0i32; ncols * 3];
+        let mut line = vec![0u8; row_len];
+        let fixed = x.fixed(col_lo, col_hi);
+        for oy in 0..size {
+            let (start, weights) = y.taps(oy);
+            if weights.is_empty() {
+                sink.black_row(oy);
+                continue;
+            }
+            acc.fill(HALF);
+            for (k, &w) in weights.iter().enumerate() {
+                let begin = (start + k) * src_stride + col_lo * 3;
+                accumulate(&mut acc, &src[begin..begin + ncols * 3], w);
+            }
+            for (d, &a) in vert.iter_mut().zip(&acc) {
+                *d = clip8(a);
+            }
+            // Horizontal pass over the intermediate row.
+            horizontal_row(&vert, x, fixed.as_ref(), col_lo, &mut line);
+            sink.put_row(oy, &line);
+        }
+    } else {
+        // Horizontal pass: each needed source row → `size` interleaved RGB samples.
+        let mut horiz = vec![0u8; (row_hi - row_lo) * row_len];
+        let fixed = x.fixed(0, width);
+        for (r, dst) in horiz.chunks_exact_mut(row_len).enumerate() {
+            let row = &src[(row_lo + r) * src_stride..(row_lo + r + 1) * src_stride];
+            horizontal_row(row, x, fixed.as_ref(), 0, dst);
+        }
+        // Vertical pass: accumulate whole rows (contiguous, so it vectorises).
+        let mut acc = vec![0i32; row_len];
+        let mut line = vec![0u8; row_len];
+        for oy in 0..size {
+            let (start, weights) = y.taps(oy);
+            if weights.is_empty() {
+                sink.black_row(oy);
+                continue;
+            }
+            acc.fill(HALF);
+            for (k, &w) in weights.iter().enumerate() {
+                let r = start + k - row_lo;
+                accumulate(&mut acc, &horiz[r * row_len..(r + 1) * row_len], w);
+            }
+            for (d, &a) in line.iter_mut().zip(&acc) {
+                *d = clip8(a);
+            }
+            sink.put_row(oy, &line);
+        }
+    }
+}
+
+/// Horizontal taps padded to a fixed count `k`; see [`Axis::fixed`].
+struct FixedTaps {
+    starts: Vec<usize>,
+    weights: Vec<i32>,
+    k: usize,
+}
+
+/// Horizontal pass over one row of interleaved RGB (`row` starts at the `lo` the taps were
+/// made for), writing one RGB triple per output position into `dst`.
+fn horizontal_row(row: &[u8], x: &Axis, fixed: Option<&FixedTaps>, lo: usize, dst: &mut [u8]) {
+    match fixed {
+        // The common tap counts get a loop the compiler fully unrolls.
+        Some(f) if f.k == 1 => horizontal_fixed::<1>(row, f, dst),
+        Some(f) if f.k == 2 => horizontal_fixed::<2>(row, f, dst),
+        Some(f) if f.k == 3 => horizontal_fixed::<3>(row, f, dst),
+        Some(f) if f.k == 4 => horizontal_fixed::<4>(row, f, dst),
+        Some(f) if f.k == 5 => horizontal_fixed::<5>(row, f, dst),
+        Some(f) if f.k == 6 => horizontal_fixed::<6>(row, f, dst),
+        Some(f) if f.k == 7 => horizontal_fixed::<7>(row, f, dst),
+        Some(f) if f.k == 8 => horizontal_fixed::<8>(row, f, dst),
+        _ => {
+            for (ox, px) in dst.chunks_exact_mut(3).enumerate() {
+                let (start, weights) = x.taps(ox);
+                let begin = start.saturating_sub(lo) * 3;
+                px.copy_from_slice(&horizontal_tap(&row[begin..begin + weights.len() * 3], weights));
+            }
+        }
+    }
+}
+
+fn horizontal_fixed<const K: usize>(row: &[u8], f: &FixedTaps, dst: &mut [u8]) {
+    for ((px, &start), w) in dst.chunks_exact_mut(3).zip(&f.starts).zip(f.weights.chunks_exact(K)) {
+        let taps = &row[start * 3..start * 3 + 3 * K];
+        let mut acc = [HALF; 3];
+        for k in 0..K {
+            acc[0] += i32::from(taps[3 * k]) * w[k];
+            acc[1] += i32::from(taps[3 * k + 1]) * w[k];
+            acc[2] += i32::from(taps[3 * k + 2]) * w[k];
+        }
+        px[0] = clip8(acc[0]);
+        px[1] = clip8(acc[1]);
+        px[2] = clip8(acc[2]);
+    }
+}
+
+/// PIL's rounding offset: half of one in fixed point.
+const HALF: i32 = 1 << (PRECISION_BITS - 1);
+
+/// `acc[i] += w * src[i]` over a whole row.
+fn accumulate(acc: &mut [i32], src: &[u8], w: i32) {
+    if w == 0 {
+        // A zero tap (PIL keeps them at the filter's edge) adds exactly nothing.
+        return;
+    }
+    for (a, &v) in acc.iter_mut().zip(src) {
+        *a += i32::from(v) * w;
+    }
+}
+
+/// One horizontally filtered RGB pixel from interleaved source taps.
+fn horizontal_tap(taps: &[u8], weights: &[i32]) -> [u8; 3] {
+    let mut acc = [HALF; 3];
+    for (s, &w) in taps.chunks_exact(3).zip(weights) {
+        acc[0] += i32::from(s[0]) * w;
+        acc[1] += i32::from(s[1]) * w;
+        acc[2] += i32::from(s[2]) * w;
+    }
+    [clip8(acc[0]), clip8(acc[1]), clip8(acc[2])]
+}
+
+/// Writes 8-bit RGB pixels as normalised values into the three CHW planes.
+struct Sink<'a> {
+    red: &'a mut [f32],
+    green: &'a mut [f32],
+    blue: &'a mut [f32],
+    table: &'static [[f32; 256]; 3],
+    size: usize,
+    flip: bool,
+}
+
+impl<'a> Sink<'a> {
+    fn new(out: &'a mut [f32], size: usize, flip: bool) -> Self {
+        let (red, rest) = out.split_at_mut(size * size);
+        let (green, blue) = rest.split_at_mut(size * size);
+        Self { red, green, blue, table: table(), size, flip }
+    }
+
+    /// Stores one output row of interleaved 8-bit RGB.
+    fn put_row(&mut self, oy: usize, rgb: &[u8]) {
+        let line = oy * self.size..(oy + 1) * self.size;
+        let (red, green, blue) =
+            (&mut self.red[line.clone()], &mut self.green[line.clone()], &mut self.blue[line]);
+        let [tr, tg, tb] = self.table;
+        let mut store = |dx: usize, px: &[u8]| {
+            red[dx] = tr[usize::from(px[0])];
+            green[dx] = tg[usize::from(px[1])];
+            blue[dx] = tb[usize::from(px[2])];
+        };
+        if self.flip {
+            for (dx, px) in rgb.chunks_exact(3).rev().enumerate() {
+                store(dx, px);
+            }
+        } else {
+            for (dx, px) in rgb.chunks_exact(3).enumerate() {
+                store(dx, px);
+            }
+        }
+    }
+
+    fn black_row(&mut self, oy: usize) {
+        let line = oy * self.size..(oy + 1) * self.size;
+        self.red[line.clone()].fill(self.table[0][0]);
+        self.green[line.clone()].fill(self.table[1][0]);
+        self.blue[line].fill(self.table[2][0]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn normalised(c: usize, v: u8) -> f32 {
+        (f32::from(v) / 255.0 - IMAGENET_MEAN[c]) / IMAGENET_STD[c]
+    }
+
+    #[test]
+    fn eval_of_constant_image_is_the_normalised_constant() {
+        let img = RgbImage::from_pixel(37, 23, image::Rgb([200, 17, 90]));
+        let t = Transform::Eval { size: 16, resize: 19 };
+        let mut out = vec![f32::NAN; t.output_len()];
+        apply(&img, &t, &mut sample_rng(0, 0, 0), &mut out);
+        for (c, v) in [200u8, 17, 90].into_iter().enumerate() {
+            let want = normalised(c, v);
+            assert!(out[c * 256..(c + 1) * 256].iter().all(|&x| x == want), "channel {c}");
+        }
+    }
+
+    #[test]
+    fn train_of_constant_image_is_the_normalised_constant() {
+        let img = RgbImage::from_pixel(50, 31, image::Rgb([3, 128, 255]));
+        let t = Transform::Train { size: 12, augment: Augment::default() };
+        let mut out = vec![0f32; t.output_len()];
+        for i in 0..20 {
+            apply(&img, &t, &mut sample_rng(1, 2, i), &mut out);
+            for (c, v) in [3u8, 128, 255].into_iter().enumerate() {
+                let want = normalised(c, v);
+                assert!(out[c * 144..(c + 1) * 144].iter().all(|&x| x == want));
+            }
+        }
+    }
+
+    #[test]
+    fn eval_geometry_of_a_small_image() {
+        // 10 wide × 20 tall: Resize(9) gives 9×18, CenterCrop(8) takes columns 0..8
+        // (round(0.5) = 0) and rows 5..13 (round(5.0) = 5).
+        let mut img = RgbImage::new(10, 20);
+        for (x, y, p) in img.enumerate_pixels_mut() {
+            *p = image::Rgb([(x * 20) as u8, (y * 10) as u8, 7]);
+        }
+        let t = Transform::Eval { size: 8, resize: 9 };
+        assert_eq!(resized_dims(10, 20, 9), (9, 18));
+        assert_eq!(center_offset(9, 8), 0);
+        assert_eq!(center_offset(18, 8), 5);
+        let mut out = vec![0f32; t.output_len()];
+        apply(&img, &t, &mut sample_rng(0, 0, 0), &mut out);
+        assert_eq!(out.len(), 3 * 8 * 8);
+        let red = &out[..64];
+        let green = &out[64..128];
+        // Red grows along x, green along y, blue is constant.
+        for row in red.chunks_exact(8) {
+            assert!(row.windows(2).all(|w| w[0] < w[1]), "{row:?}");
+        }
+        for col in 0..8 {
+            assert!((0..7).all(|r| green[r * 8 + col] < green[(r + 1) * 8 + col]));
+        }
+        assert!(out[128..].iter().all(|&b| b == normalised(2, 7)));
+        // Output row 0 is resized row 5, centred at source y = 5.5 * 20/18 = 6.111 with
+        // filter scale 20/18: PIL's taps are rows 5 and 6 (values 50, 60) with triangle
+        // weights 1 - |5.5 - 6.111| / 1.111 = 0.45 and 1 - |6.5 - 6.111| / 1.111 = 0.65.
+        let want_g = (0.45 * 50.0 + 0.65 * 60.0) / 1.1_f32; // 55.9
+        assert_eq!(green[0], normalised(1, want_g.round() as u8));
+    }
+
+    #[test]
+    fn eval_pads_when_the_crop_is_larger_than_the_image() {
+        // Resize(4) of a 4×4 image is itself; CenterCrop(6) pads one pixel on every side.
+        let img = RgbImage::from_pixel(4, 4, image::Rgb([255, 255, 255]));
+        let t = Transform::Eval { size: 6, resize: 4 };
+        let mut out = vec![0f32; t.output_len()];
+        apply(&img, &t, &mut sample_rng(0, 0, 0), &mut out);
+        let red = &out[..36];
+        for y in 0..6 {
+            for x in 0..6 {
+                let inside = (1..5).contains(&x) && (1..5).contains(&y);
+                let want = normalised(0, if inside { 255 } else { 0 });
+                assert_eq!(red[y * 6 + x], want, "({x}, {y})");
+            }
+        }
+    }
+
+    #[test]
+    fn identity_resize_copies_pixels_and_flip_reverses_columns() {
+        let mut img = RgbImage::new(5, 3);
+        for (x, y, p) in img.enumerate_pixels_mut() {
+            *p = image::Rgb([(x * 50) as u8, (y * 100) as u8, (x + y) as u8]);
+        }
+        let x = Axis::new(0, 5, 5, 0, 3);
+        let y = Axis::new(0, 3, 3, 0, 3);
+        let mut out = vec![0f32; 27];
+        resample(&img, &x, &y, false, 3, &mut out);
+        let mut flipped = vec![0f32; 27];
+        resample(&img, &x, &y, true, 3, &mut flipped);
+        for yy in 0..3 {
+            for xx in 0..3 {
+                let p = img.get_pixel(xx as u32, yy as u32).0;
+                for c in 0..3 {
+                    assert_eq!(out[c * 9 + yy * 3 + xx], normalised(c, p[c]));
+                    assert_eq!(flipped[c * 9 + yy * 3 + (2 - xx)], normalised(c, p[c]));
+                }
+            }
+        }
+    }
+
+    /// Resizes the whole test pattern `w`×`h` to 5×5 through the crop path and returns the
+    /// red and green planes as 8-bit values.
+    fn pattern_resized(w: u32, h: u32) -> (Vec<u8>, Vec<u8>) {
+        let img = RgbImage::from_fn(w, h, |x, y| {
+            image::Rgb(std::array::from_fn(|c| ((x * 37 + y * 91 + c as u32 * 53) * 7 % 256) as u8))
+        });
+        let (xa, ya) = (Axis::new(0, w, 5, 0, 5), Axis::new(0, h, 5, 0, 5));
+        let mut out = vec![0f32; 75];
+        resample(&img, &xa, &ya, false, 5, &mut out);
+        let back = |c: usize, v: f32| (0..=255u8).find(|&u| normalised(c, u) == v).unwrap();
+        let red = out[..25].iter().map(|&v| back(0, v)).collect();
+        let green = out[25..50].iter().map(|&v| back(1, v)).collect();
+        (red, green)
+    }
+
+    #[test]
+    fn resampling_matches_pillow_in_both_pass_orders() {
+        // Expected values from Pillow 13.0.0: `Image.fromarray(pattern).resize((5, 5),
+        // Image.BILINEAR)`. 7×15 is resized vertically first, 15×7 horizontally first; each
+        // differs from the other order in at least one pixel.
+        let (red, green) = pattern_resized(7, 15);
+        assert_eq!(
+            red,
+            [
+                125, 93, 69, 73, 77, 188, 176, 152, 86, 71, 165, 169, 173, 177, 143, 170, 174, 178, 182, 186,
+                155, 159, 163, 167, 171
+            ]
+        );
+        assert_eq!(
+            green,
+            [
+                176, 180, 184, 188, 128, 161, 165, 169, 173, 177, 166, 170, 174, 178, 182, 143, 147, 151,
+                155, 159, 142, 146, 150, 154, 158
+            ]
+        );
+        let (red, green) = pattern_resized(15, 7);
+        assert_eq!(
+            red,
+            [
+                46, 54, 63, 72, 80, 145, 64, 73, 82, 90, 152, 100, 93, 102, 110, 190, 103, 65, 74, 82, 200,
+                190, 65, 56, 64
+            ]
+        );
+        assert_eq!(
+            green,
+            [
+                161, 159, 102, 101, 109, 171, 167, 87, 83, 91, 191, 199, 154, 55, 63, 163, 171, 180, 113, 83,
+                145, 153, 162, 114, 93
+            ]
+        );
+    }
+
+    #[test]
+    fn crop_params_stay_within_bounds() {
+        let augment = Augment::default();
+        let mut saw_full_width = false;
+        for (h, w) in [(1, 1), (3, 200), (200, 3), (224, 224), (375, 500), (17, 19)] {
+            for i in 0..2000 {
+                let mut rng = sample_rng(9, h as u64, i);
+                let c = random_resized_crop(h, w, &augment, &mut rng);
+                assert!(c.height >= 1 && c.width >= 1, "{c:?} in {w}x{h}");
+                assert!(c.top + c.height <= h && c.left + c.width <= w, "{c:?} in {w}x{h}");
+                saw_full_width |= c.width == w && w > 100;
+                if (h, w) == (375, 500) {
+                    let area = f64::from(c.height * c.width) / f64::from(h * w);
+                    // Rounding can push the area a little outside `scale`.
+                    assert!((0.07..=1.0).contains(&area), "area {area}");
+                    let ratio = f64::from(c.width) / f64::from(c.height);
+                    assert!((0.7..=1.4).contains(&ratio), "ratio {ratio}");
+                }
+            }
+        }
+        assert!(saw_full_width);
+    }
+
+    #[test]
+    fn crop_fallback_is_central_and_ratio_clamped() {
+        // scale > 1 can never fit, so every try fails and the fallback decides.
+        let augment = Augment { scale: (4.0, 4.0), ratio: (0.75, 4.0 / 3.0), hflip: false };
+        let mut rng = sample_rng(0, 0, 0);
+        // Too wide (10:1): height kept, width = round(20 * 4/3) = 27, centred.
+        let c = random_resized_crop(20, 200, &augment, &mut rng);
+        assert_eq!(c, Crop { top: 0, left: 86, height: 20, width: 27 });
+        // Too tall: width kept, height = round(20 / 0.75) = 27.
+        let c = random_resized_crop(200, 20, &augment, &mut rng);
+        assert_eq!(c, Crop { top: 86, left: 0, height: 27, width: 20 });
+        // Within bounds: the whole image.
+        let c = random_resized_crop(30, 35, &augment, &mut rng);
+        assert_eq!(c, Crop { top: 0, left: 0, height: 30, width: 35 });
+        // Degenerate ratios still give a valid crop.
+        let bad = Augment { scale: (0.5, 0.5), ratio: (0.0, -1.0), hflip: false };
+        let c = random_resized_crop(10, 10, &bad, &mut rng);
+        assert!(c.width >= 1 && c.height >= 1 && c.left + c.width <= 10 && c.top + c.height <= 10);
+    }
+
+    #[test]
+    fn degenerate_inputs_give_black_instead_of_panicking() {
+        let black: Vec<f32> = (0..3).flat_map(|c| vec![normalised(c, 0); 16]).collect();
+        let mut rng = sample_rng(0, 0, 0);
+        let mut out = vec![1f32; 48];
+        apply(&RgbImage::new(0, 0), &Transform::Eval { size: 4, resize: 4 }, &mut rng, &mut out);
+        assert_eq!(out, black);
+        let mut out = vec![1f32; 48];
+        let img = RgbImage::from_pixel(5, 5, image::Rgb([9, 9, 9]));
+        apply(&img, &Transform::Eval { size: 4, resize: 0 }, &mut rng, &mut out);
+        assert_eq!(out, black);
+        apply(&img, &Transform::Train { size: 0, augment: Augment::default() }, &mut rng, &mut []);
+        let c = random_resized_crop(0, 7, &Augment::default(), &mut rng);
+        assert_eq!((c.width, c.height), (0, 0));
+    }
+
+    #[test]
+    fn sample_rng_separates_seed_epoch_and_index() {
+        let first = |s, e, i| sample_rng(s, e, i).random::<u64>();
+        assert_eq!(first(1, 2, 3), first(1, 2, 3));
+        let base = first(1, 2, 3);
+        assert_ne!(base, first(2, 2, 3));
+        assert_ne!(base, first(1, 3, 3));
+        assert_ne!(base, first(1, 2, 4));
+        // Swapping seed and epoch must not collide.
+        assert_ne!(first(1, 2, 0), first(2, 1, 0));
+    }
+
+    #[test]
+    fn train_is_deterministic_per_rng_and_varies_across_samples() {
+        let mut img = RgbImage::new(64, 48);
+        for (x, y, p) in img.enumerate_pixels_mut() {
+            *p = image::Rgb([(x * 4) as u8, (y * 5) as u8, ((x * y) % 256) as u8]);
+        }
+        let t = Transform::Train { size: 32, augment: Augment::default() };
+        let run = |i| {
+            let mut out = vec![0f32; t.output_len()];
+            apply(&img, &t, &mut sample_rng(5, 1, i), &mut out);
+            out
+        };
+        assert_eq!(run(0), run(0));
+        assert_ne!(run(0), run(1));
+    }
+}

@@ -1,0 +1,18 @@
+//! rtrain: data-parallel ResNet training on libtorch, packaged as a containerised appliance.
+//!
+//! The binary (`src/main.rs`) only parses the command line and dispatches here; each module
+//! owns one concern and returns its own error type.
+
+pub mod bench;
+pub mod checkpoint;
+pub mod cli;
+pub mod config;
+pub mod data;
+pub mod eval;
+pub mod logging;
+pub mod metrics;
+pub mod model;
+pub mod optim;
+pub mod sampler;
+pub mod tensor_io;
+pub mod train;

@@ -1,0 +1,23 @@
+//! The `rtrain` binary: parse, dispatch, and map errors to exit codes (2 for usage and
+//! configuration errors, 1 for any other failure).
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use rtrain::cli::{self, Cli};
+use rtrain::config::ConfigError;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            if error.downcast_ref::<ConfigError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! ResNet-18/34/50/101/152 with torchvision's parameter names, initialisation and state dicts.
+//!
+//! The layers are tch's (`tch::vision::resnet`), whose variable names already equal
+//! torchvision's. This module adds what a training tool needs around them: torchvision's
+//! initialisation, loading a torchvision `.safetensors` state dict (re-initialising the head
+//! when the class count differs), freezing the backbone, and exporting a state dict that
+//! `torchvision.models.resnetXX(num_classes=K).load_state_dict` accepts as is.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::tensor_io::{self, TensorIoError};
+use tch::nn::{ModuleT, VarStore};
+use tch::{Device, Kind, Tensor};
+
+/// The classifier head's prefix in torchvision's ResNets.
+const HEAD_PREFIX: &str = "fc.";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    Resnet18,
+    Resnet34,
+    Resnet50,
+    Resnet101,
+    Resnet152,
+}
+
+impl Arch {
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Resnet18 => "resnet18",
+            Arch::Resnet34 => "resnet34",
+            Arch::Resnet50 => "resnet50",
+            Arch::Resnet101 => "resnet101",
+            Arch::Resnet152 => "resnet152",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Arch> {
+        [Arch::Resnet18, Arch::Resnet34, Arch::Resnet50, Arch::Resnet101, Arch::Resnet152]
+            .into_iter()
+            .find(|arch| arch.name() == name)
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    File(#[from] TensorIoError),
+    #[error("{path}: {source}")]
+    Read { path: PathBuf, source: tch::TchError },
+    #[error("{path}: not a {arch} state dict: {problems}")]
+    Incompatible { path: PathBuf, arch: Arch, problems: String },
+    #[error("model {arch} with {num_classes} classes: {source}")]
+    Torch { arch: Arch, num_classes: usize, source: tch::TchError },
+}
+
+/// What loading a pretrained state dict did, for the log.
+#[derive(Debug, Default, PartialEq)]
+pub struct LoadReport {
+    pub loaded: usize,
+    /// Head tensors left at their fresh initialisation because their shape differs.
+    pub reinitialised: Vec<String>,
+    /// torchvision's `num_batches_tracked` counters, which tch's BatchNorm does not keep.
+    pub ignored: Vec<String>,
+}
+
+pub struct Model {
+    pub arch: Arch,
+    pub num_classes: usize,
+    pub vs: VarStore,
+    net: Box<dyn ModuleT>,
+}
+
+impl Model {
+    /// A freshly initialised model; call `tch::manual_seed` first for a reproducible init.
+    pub fn new(arch: Arch, num_classes: usize, device: Device) -> Result<Model, ModelError> {
+        let torch_err = |source| ModelError::Torch { arch, num_classes, source };
+        let classes = i64::try_from(num_classes)
+            .map_err(|_| torch_err(tch::TchError::Convert("class count".into())))?;
+        let vs = VarStore::new(device);
+        let root = vs.root();
+        use tch::vision::resnet;
+        let net: Box<dyn ModuleT> = match arch {
+            Arch::Resnet18 => Box::new(resnet::resnet18(&root, classes)),
+            Arch::Resnet34 => Box::new(resnet::resnet34(&root, classes)),
+            Arch::Resnet50 => Box::new(resnet::resnet50(&root, classes)),
+            Arch::Resnet101 => Box::new(resnet::resnet101(&root, classes)),
+            Arch::Resnet152 => Box::new(resnet::resnet152(&root, classes)),
+        };
+        let model = Model { arch, num_classes, vs, net };
+        model.init_like_torchvision().map_err(torch_err)?;
+        Ok(model)
+    }
+
+    /// torchvision initialises convolutions with kaiming_normal_(mode="fan_out",
+    /// nonlinearity="relu") and BatchNorm with weight 1, bias 0; the head keeps nn.Linear's
+    /// default, which tch's linear layer already uses.
+    fn init_like_torchvision(&self) -> Result<(), tch::TchError> {
+        tch::no_grad(|| {
+            for (name, mut tensor) in self.state_dict() {
+                let size = tensor.size();
+                let is_weight = name.ends_with(".weight");
+                if size.len() == 4 && is_weight {
+                    let fan_out = (size[0] * size[2] * size[3]) as f64;
+                    let _ = tensor.f_normal_(0.0, (2.0 / fan_out).sqrt())?;
+                } else if size.len() == 1 && is_weight {
+                    // BatchNorm scale: tch draws it uniformly from [0, 1); torchvision uses 1.
+                    let _ = tensor.f_fill_(1.0)?;
+                } else if size.len() == 1 && name.ends_with(".bias") && !name.starts_with(HEAD_PREFIX) {
+                    let _ = tensor.f_zero_()?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    pub fn forward_t(&self, images: &Tensor, train: bool) -> Tensor {
+        self.net.forward_t(images, train)
+    }
+
+    /// Every parameter and buffer, sorted by name (torchvision's names).
+    pub fn state_dict(&self) -> BTreeMap<String, Tensor> {
+        self.vs.variables().into_iter().collect()
+    }
+
+    /// Parameters that receive gradients, sorted by name.
+    pub fn trainable(&self) -> Vec<(String, Tensor)> {
+        self.state_dict().into_iter().filter(|(_, t)| t.requires_grad()).collect()
+    }
+
+    /// Stops gradients for everything but the classifier head.
+    pub fn freeze_backbone(&self) {
+        for (name, tensor) in self.state_dict() {
+            if !name.starts_with(HEAD_PREFIX) && tensor.requires_grad() {
+                let _ = tensor.set_requires_grad(false);
+            }
+        }
+    }
+
+    /// Loads a torchvision-format state dict. Tensors of the head whose shape differs (another
+    /// class count) keep their fresh initialisation; any other missing, extra or mismatched
+    /// tensor is an error, since it means the file is for another architecture.
+    pub fn load_pretrained(&self, path: &Path) -> Result<LoadReport, ModelError> {
+        let mut file = tensor_io::read_safetensors(path)?.tensors;
+        let mut report = LoadReport::default();
+        let mut problems = Vec::new();
+        let mut pairs = Vec::new();
+        for (name, tensor) in self.state_dict() {
+            match file.remove(&name) {
+                Some(source) if source.size() == tensor.size() => pairs.push((tensor, source)),
+                Some(source) if name.starts_with(HEAD_PREFIX) => {
+                    let _ = source;
+                    report.reinitialised.push(name);
+                }
+                Some(source) => problems.push(format!(
+                    "{name} has shape {:?}, expected {:?}",
+                    source.size(),
+                    tensor.size()
+                )),
+                None if name.starts_with(HEAD_PREFIX) => report.reinitialised.push(name),
+                None => problems.push(format!("{name} is missing")),
+            }
+        }
+        for name in file.keys() {
+            if name.ends_with(".num_batches_tracked") {
+                report.ignored.push(name.clone());
+            } else {
+                problems.push(format!("unexpected key {name}"));
+            }
+        }
+        if !problems.is_empty() {
+            let shown = problems.iter().take(5).cloned().collect::<Vec<_>>().join("; ");
+            let more = problems.len().saturating_sub(5);
+            let problems = if more > 0 { format!("{shown}; and {more} more") } else { shown };
+            return Err(ModelError::Incompatible { path: path.to_path_buf(), arch: self.arch, problems });
+        }
+        tch::no_grad(|| {
+            for (mut target, source) in pairs {
+                target
+                    .f_copy_(&source.to_kind(target.kind()))
+                    .map_err(|source| ModelError::Read { path: path.to_path_buf(), source })?;
+                report.loaded += 1;
+            }
+            Ok::<_, ModelError>(())
+        })?;
+        Ok(report)
+    }
+
+    /// The state dict as torchvision names it, with the `num_batches_tracked` buffers tch does
+    /// not keep (strict `load_state_dict` requires them); `steps` is how many training steps
+    /// updated BatchNorm, which is what torchvision counts there.
+    pub fn torchvision_state_dict(&self, steps: u64) -> Vec<(String, Tensor)> {
+        let mut tensors: Vec<(String, Tensor)> = Vec::new();
+        for (name, tensor) in self.state_dict() {
+            if let Some(prefix) = name.strip_suffix(".running_var") {
+                let counter = Tensor::from(i64::try_from(steps).unwrap_or(i64::MAX));
+                tensors.push((format!("{prefix}.num_batches_tracked"), counter));
+            }
+            tensors.push((name, tensor.detach().to_device(Device::Cpu).to_kind(Kind::Float).contiguous()));
+        }
+        tensors.sort_by(|a, b| a.0.cmp(&b.0));
+        tensors
+    }
+
+    /// Writes [`Self::torchvision_state_dict`] to a `.safetensors` file, atomically.
+    pub fn write_torchvision(&self, path: &Path, steps: u64) -> Result<(), TensorIoError> {
+        tensor_io::write_safetensors(path, &self.torchvision_state_dict(steps), None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_match_torchvision() {
+        let model = Model::new(Arch::Resnet18, 4, Device::Cpu).unwrap();
+        let names: Vec<String> = model.state_dict().into_keys().collect();
+        // 62 parameters + 40 BatchNorm running statistics in torchvision's resnet18 (without
+        // the 20 num_batches_tracked counters tch does not keep).
+        assert_eq!(names.len(), 102);
+        for expected in
+            ["conv1.weight", "layer1.0.bn2.running_var", "layer2.0.downsample.0.weight", "fc.bias"]
+        {
+            assert!(names.iter().any(|n| n == expected), "missing {expected}");
+        }
+        assert_eq!(model.state_dict()["fc.weight"].size(), vec![4, 512]);
+        let exported = model.torchvision_state_dict(7);
+        assert_eq!(exported.len(), 122);
+        let counter = &exported.iter().find(|(n, _)| n == "bn1.num_batches_tracked").unwrap().1;
+        assert_eq!(counter.int64_value(&[]), 7);
+    }
+
+    #[test]
+    fn conv_init_is_kaiming_fan_out() {
+        tch::manual_seed(1);
+        let model = Model::new(Arch::Resnet50, 10, Device::Cpu).unwrap();
+        let weight = &model.state_dict()["layer3.0.conv2.weight"];
+        let size = weight.size();
+        let expected = (2.0 / (size[0] * size[2] * size[3]) as f64).sqrt();
+        let std = weight.std(true).double_value(&[]);
+        assert!((std - expected).abs() / expected < 0.02, "std {std} vs {expected}");
+        assert_eq!(model.state_dict()["bn1.weight"].mean(Kind::Float).double_value(&[]), 1.0);
+    }
+
+    #[test]
+    fn freeze_leaves_only_the_head() {
+        let model = Model::new(Arch::Resnet18, 3, Device::Cpu).unwrap();
+        model.freeze_backbone();
+        let names: Vec<String> = model.trainable().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, vec!["fc.bias".to_string(), "fc.weight".to_string()]);
+    }
+
+    #[test]
+    fn pretrained_with_other_head_reinitialises_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("source.safetensors");
+        tch::manual_seed(3);
+        let source = Model::new(Arch::Resnet18, 1000, Device::Cpu).unwrap();
+        source.write_torchvision(&path, 5).unwrap();
+        tch::manual_seed(4);
+        let target = Model::new(Arch::Resnet18, 4, Device::Cpu).unwrap();
+        let report = target.load_pretrained(&path).unwrap();
+        assert_eq!(report.reinitialised, vec!["fc.bias".to_string(), "fc.weight".to_string()]);
+        assert_eq!(report.loaded, 100);
+        assert_eq!(report.ignored.len(), 20, "the num_batches_tracked counters");
+        let (a, b) =
+            (&source.state_dict()["layer4.1.conv2.weight"], &target.state_dict()["layer4.1.conv2.weight"]);
+        assert!(a.equal(b));
+    }
+
+    #[test]
+    fn pretrained_of_other_arch_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r34.safetensors");
+        Model::new(Arch::Resnet34, 4, Device::Cpu).unwrap().write_torchvision(&path, 0).unwrap();
+        let target = Model::new(Arch::Resnet18, 4, Device::Cpu).unwrap();
+        let err = target.load_pretrained(&path).err().unwrap().to_string();
+        assert!(err.contains("r34.safetensors") && err.contains("resnet18"), "{err}");
+    }
+}

@@ -1,0 +1,230 @@
+//! Files that matter: `.safetensors` reading and writing with string metadata, atomic
+//! replacement, and sha256 of files.
+//!
+//! Every write goes to a temporary file in the destination's directory, is flushed to disk,
+//! and is then renamed over the final name, so a crash or a full disk leaves the previous
+//! file (or none) in place, never a torn one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype, SafeTensors, View};
+use sha2::{Digest, Sha256};
+use tch::{Kind, Tensor};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TensorIoError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: not a valid safetensors file: {source}")]
+    Format { path: PathBuf, source: safetensors::SafeTensorError },
+    #[error("{path}: tensor {name}: {problem}")]
+    Tensor { path: PathBuf, name: String, problem: String },
+}
+
+/// Writes `bytes` to `path` atomically (temporary file, fsync, rename, fsync directory).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TensorIoError> {
+    let io = |source| TensorIoError::Io { path: path.to_path_buf(), source };
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let mut file = tempfile::Builder::new().prefix(".tmp-").tempfile_in(dir).map_err(io)?;
+    file.write_all(bytes).map_err(io)?;
+    file.as_file().sync_all().map_err(io)?;
+    file.persist(path).map_err(|e| io(e.error))?;
+    // The rename itself is only durable once the directory entry is.
+    if let Ok(handle) = std::fs::File::open(dir) {
+        let _ = handle.sync_all();
+    }
+    Ok(())
+}
+
+/// A contiguous CPU copy of a tensor, viewed as safetensors wants it.
+struct CpuView {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+fn dtype_of(kind: Kind) -> Option<Dtype> {
+    Some(match kind {
+        Kind::Float => Dtype::F32,
+        Kind::Double => Dtype::F64,
+        Kind::Half => Dtype::F16,
+        Kind::BFloat16 => Dtype::BF16,
+        Kind::Int64 => Dtype::I64,
+        Kind::Int => Dtype::I32,
+        Kind::Int8 => Dtype::I8,
+        Kind::Uint8 => Dtype::U8,
+        Kind::Bool => Dtype::BOOL,
+        _ => return None,
+    })
+}
+
+fn kind_of(dtype: Dtype) -> Option<Kind> {
+    Some(match dtype {
+        Dtype::F32 => Kind::Float,
+        Dtype::F64 => Kind::Double,
+        Dtype::F16 => Kind::Half,
+        Dtype::BF16 => Kind::BFloat16,
+        Dtype::I64 => Kind::Int64,
+        Dtype::I32 => Kind::Int,
+        Dtype::I8 => Kind::Int8,
+        Dtype::U8 => Kind::Uint8,
+        Dtype::BOOL => Kind::Bool,
+        _ => return None,
+    })
+}
+
+impl View for &CpuView {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+/// Serialises named tensors (any device, any layout) and string metadata to safetensors bytes.
+pub fn to_safetensors_bytes(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+    metadata: Option<HashMap<String, String>>,
+) -> Result<Vec<u8>, TensorIoError> {
+    let mut views = Vec::with_capacity(tensors.len());
+    for (name, tensor) in tensors {
+        let bad =
+            |problem: String| TensorIoError::Tensor { path: path.to_path_buf(), name: name.clone(), problem };
+        let dtype =
+            dtype_of(tensor.kind()).ok_or_else(|| bad(format!("unsupported kind {:?}", tensor.kind())))?;
+        let cpu = tensor.detach().to_device(tch::Device::Cpu).contiguous();
+        let numel = cpu.numel();
+        let mut bytes = vec![0u8; numel * cpu.kind().elt_size_in_bytes()];
+        cpu.f_copy_data_u8(&mut bytes, numel).map_err(|e| bad(e.to_string()))?;
+        let shape = cpu.size().iter().map(|&d| d as usize).collect();
+        views.push((name.clone(), CpuView { dtype, shape, bytes }));
+    }
+    let refs: Vec<(&str, &CpuView)> = views.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    safetensors::serialize(refs, metadata)
+        .map_err(|source| TensorIoError::Format { path: path.to_path_buf(), source })
+}
+
+/// Writes named tensors and metadata to `path` atomically.
+pub fn write_safetensors(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+    metadata: Option<HashMap<String, String>>,
+) -> Result<(), TensorIoError> {
+    let bytes = to_safetensors_bytes(path, tensors, metadata)?;
+    write_atomic(path, &bytes)
+}
+
+/// A safetensors file read into CPU tensors.
+pub struct SafetensorsFile {
+    pub tensors: BTreeMap<String, Tensor>,
+    pub metadata: HashMap<String, String>,
+}
+
+pub fn read_safetensors(path: &Path) -> Result<SafetensorsFile, TensorIoError> {
+    let bytes =
+        std::fs::read(path).map_err(|source| TensorIoError::Io { path: path.to_path_buf(), source })?;
+    let format = |source| TensorIoError::Format { path: path.to_path_buf(), source };
+    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(format)?;
+    let metadata = header.metadata().clone().unwrap_or_default();
+    let parsed = SafeTensors::deserialize(&bytes).map_err(format)?;
+    let mut tensors = BTreeMap::new();
+    for (name, view) in parsed.tensors() {
+        let bad =
+            |problem: String| TensorIoError::Tensor { path: path.to_path_buf(), name: name.clone(), problem };
+        let kind =
+            kind_of(view.dtype()).ok_or_else(|| bad(format!("unsupported dtype {:?}", view.dtype())))?;
+        let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+        let tensor = Tensor::f_from_data_size(view.data(), &shape, kind).map_err(|e| bad(e.to_string()))?;
+        tensors.insert(name, tensor);
+    }
+    Ok(SafetensorsFile { tensors, metadata })
+}
+
+/// Reads only the header's `__metadata__` (cheap: the tensor data is not read). The full
+/// validation of offsets happens in [`read_safetensors`].
+pub fn read_metadata(path: &Path) -> Result<HashMap<String, String>, TensorIoError> {
+    let io = |source| TensorIoError::Io { path: path.to_path_buf(), source };
+    let invalid = |source| TensorIoError::Format { path: path.to_path_buf(), source };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(io)?;
+    let header_len = u64::from_le_bytes(len);
+    if header_len > 100 << 20 {
+        return Err(invalid(safetensors::SafeTensorError::HeaderTooLarge));
+    }
+    let mut header = vec![0u8; header_len as usize];
+    file.read_exact(&mut header).map_err(io)?;
+    #[derive(serde::Deserialize)]
+    struct Header {
+        #[serde(rename = "__metadata__", default)]
+        metadata: HashMap<String, String>,
+    }
+    let parsed: Header = serde_json::from_slice(&header)
+        .map_err(|e| invalid(safetensors::SafeTensorError::InvalidHeaderDeserialization(e)))?;
+    Ok(parsed.metadata)
+}
+
+/// sha256 of a file's bytes, hex encoded.
+pub fn sha256_file(path: &Path) -> Result<String, TensorIoError> {
+    let io = |source| TensorIoError::Io { path: path.to_path_buf(), source };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher).map_err(io)?;
+    Ok(hex::encode(hasher.finalize()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_with_metadata() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.safetensors");
+        let a = Tensor::from_slice(&[1.5f32, -2.0, 3.25]).view([3, 1]);
+        let b = Tensor::from(42i64);
+        let meta = HashMap::from([("k".to_string(), "v".to_string())]);
+        write_safetensors(&path, &[("a".into(), a.shallow_clone()), ("b".into(), b)], Some(meta)).unwrap();
+        let read = read_safetensors(&path).unwrap();
+        assert!(read.tensors["a"].equal(&a));
+        assert_eq!(read.tensors["b"].int64_value(&[]), 42);
+        assert_eq!(read.metadata["k"], "v");
+        assert_eq!(read_metadata(&path).unwrap()["k"], "v");
+    }
+
+    #[test]
+    fn truncated_file_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.safetensors");
+        write_safetensors(&path, &[("a".into(), Tensor::zeros([64], (Kind::Float, tch::Device::Cpu)))], None)
+            .unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
+        let err = read_safetensors(&path).err().unwrap().to_string();
+        assert!(err.contains("t.safetensors"), "{err}");
+    }
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temporaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        write_atomic(&path, b"one").unwrap();
+        write_atomic(&path, b"two").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}

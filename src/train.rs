@@ -1,0 +1,581 @@
+//! The training run: data, model and optimizer set up from a [`Config`], then epochs of
+//! steps (zero_grad -> forward/backward -> optimizer step), an evaluation after each epoch,
+//! checkpoints, metrics and the run directory.
+//!
+//! Run directory layout: `config.toml` (resolved), `metrics.jsonl`, `checkpoints/`
+//! (`step-NNNNNNNNN.safetensors`, `best.safetensors`), `model.safetensors` (final weights,
+//! torchvision format) and `summary.json`.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Reduction, Tensor};
+
+use crate::checkpoint::{self, CheckpointError, CheckpointMeta, EpochTotals};
+use crate::config::Config;
+use crate::data::folder::{DataError, ImageFolder};
+use crate::data::loader::{Loader, LoaderOptions};
+use crate::data::transforms::{Augment, Transform};
+use crate::eval::{self, EvalReport};
+use crate::metrics::{MetricsError, MetricsLog, StepRecord};
+use crate::model::{Model, ModelError};
+use crate::optim::{OptimError, Optimizer, Schedule};
+use crate::sampler;
+use crate::tensor_io::{self, TensorIoError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Optim(#[from] OptimError),
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
+    #[error(transparent)]
+    File(#[from] TensorIoError),
+    #[error("data: {train} has classes {train_classes:?} but {val} has {val_classes:?}")]
+    ClassMismatch { train: PathBuf, val: PathBuf, train_classes: Vec<String>, val_classes: Vec<String> },
+    #[error("model.num_classes = {configured}, but {dir} has {found} class folders")]
+    ClassCount { configured: usize, found: usize, dir: PathBuf },
+    #[error("{dir}: fewer training images ({images}) than one batch (data.batch_size = {batch})")]
+    TooFewImages { dir: PathBuf, images: usize, batch: usize },
+    #[error("training step {global_step}: {source}")]
+    Step { global_step: u64, source: tch::TchError },
+    #[error("training step {global_step}: loss is {loss} (diverged); lower optim.lr")]
+    Diverged { global_step: u64, loss: f64 },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+/// Where to resume from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resume {
+    Fresh,
+    /// The newest valid checkpoint in the run directory; a fresh start if there is none.
+    Auto,
+    From(PathBuf),
+}
+
+/// What `summary.json` records about a finished run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Summary {
+    pub arch: String,
+    pub classes: Vec<String>,
+    pub epochs: u32,
+    pub global_steps: u64,
+    pub train_images: usize,
+    pub val_images: usize,
+    pub final_eval: Option<EvalReport>,
+    pub best_val_top1: Option<f64>,
+    pub wall_seconds: f64,
+    pub train_images_per_second: f64,
+    pub peak_rss_mib: Option<f64>,
+    pub threads: i32,
+    pub weights: PathBuf,
+    pub weights_sha256: String,
+    pub resumed_from: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct EpochRecord<'a> {
+    kind: &'static str,
+    epoch: u32,
+    global_step: u64,
+    train_loss: f64,
+    train_accuracy: f64,
+    train_images_per_second: f64,
+    lr: f64,
+    seconds: f64,
+    val: &'a EvalReport,
+}
+
+pub fn train_transform(config: &Config) -> Transform {
+    let d = &config.data;
+    Transform::Train {
+        size: d.image_size,
+        augment: Augment { scale: (d.scale[0], d.scale[1]), ratio: (d.ratio[0], d.ratio[1]), hflip: d.hflip },
+    }
+}
+
+pub fn eval_transform(config: &Config) -> Transform {
+    Transform::Eval { size: config.data.image_size, resize: config.eval_resize() }
+}
+
+pub fn loader_options(config: &Config, batch_size: usize) -> LoaderOptions {
+    LoaderOptions {
+        batch_size,
+        workers: config.data.workers,
+        prefetch: config.data.prefetch.max(1),
+        drop_last: config.data.drop_last,
+    }
+}
+
+/// libtorch intra-op threads: the configured number, else every core this process may use.
+pub fn set_threads(configured: usize) -> i32 {
+    let threads = match configured {
+        0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        n => n,
+    };
+    tch::set_num_threads(i32::try_from(threads).unwrap_or(1));
+    tch::get_num_threads()
+}
+
+/// Opens the training and validation splits and checks that they agree on the classes.
+pub fn open_splits(config: &Config) -> Result<(Arc<ImageFolder>, Arc<ImageFolder>), TrainError> {
+    let train_dir = config.data.root.join(&config.data.train_split);
+    let val_dir = config.data.root.join(&config.data.val_split);
+    let train = ImageFolder::open(&train_dir)?;
+    let val = ImageFolder::open(&val_dir)?;
+    if train.classes != val.classes {
+        return Err(TrainError::ClassMismatch {
+            train: train_dir,
+            val: val_dir,
+            train_classes: train.classes,
+            val_classes: val.classes,
+        });
+    }
+    if train.len() < config.data.batch_size && config.data.drop_last {
+        return Err(TrainError::TooFewImages {
+            dir: train_dir,
+            images: train.len(),
+            batch: config.data.batch_size,
+        });
+    }
+    Ok((Arc::new(train), Arc::new(val)))
+}
+
+/// Copies checkpointed tensors into the model, which must have every one of them.
+pub fn restore_model(
+    model: &Model,
+    tensors: &std::collections::BTreeMap<String, Tensor>,
+    path: &Path,
+) -> Result<(), TrainError> {
+    tch::no_grad(|| {
+        for (name, mut target) in model.state_dict() {
+            let source = tensors.get(&name).ok_or_else(|| ModelError::Incompatible {
+                path: path.to_path_buf(),
+                arch: model.arch,
+                problems: format!("{name} is missing"),
+            })?;
+            target.f_copy_(source).map_err(|source| ModelError::Read { path: path.to_path_buf(), source })?;
+        }
+        Ok(())
+    })
+}
+
+struct Run<'a> {
+    config: &'a Config,
+    run_dir: PathBuf,
+    checkpoints: PathBuf,
+    model: Model,
+    optimizer: Optimizer,
+    schedule: Schedule,
+    classes: Vec<String>,
+    metrics: MetricsLog,
+    best_val_top1: Option<f64>,
+    last_val_top1: Option<f64>,
+}
+
+pub fn train(config: &Config, run_dir: &Path, resume: Resume) -> Result<Summary, TrainError> {
+    let started = Instant::now();
+    let threads = set_threads(config.train.threads);
+    let (train_set, val_set) = open_splits(config)?;
+    let classes = train_set.classes.clone();
+    let num_classes = match config.model.num_classes {
+        0 => classes.len(),
+        n if n == classes.len() => n,
+        n => {
+            return Err(TrainError::ClassCount {
+                configured: n,
+                found: classes.len(),
+                dir: train_set.root.clone(),
+            })
+        }
+    };
+
+    tch::manual_seed(i64::from_ne_bytes(config.run.seed.to_ne_bytes()));
+    let model = Model::new(config.model.arch, num_classes, Device::Cpu)?;
+    if let Some(path) = &config.model.pretrained {
+        let report = model.load_pretrained(path)?;
+        tracing::info!(
+            "loaded {} tensors from {}; re-initialised {:?}; ignored {} num_batches_tracked counters",
+            report.loaded,
+            path.display(),
+            report.reinitialised,
+            report.ignored.len()
+        );
+    }
+    if config.model.freeze_backbone {
+        model.freeze_backbone();
+    }
+    let optimizer = Optimizer::new(&config.optim, model.trainable());
+
+    let batches_per_epoch = match config.data.drop_last {
+        true => train_set.len() / config.data.batch_size,
+        false => train_set.len().div_ceil(config.data.batch_size),
+    } as u64;
+    let steps_per_epoch = match config.train.max_steps_per_epoch {
+        0 => batches_per_epoch,
+        cap => batches_per_epoch.min(cap),
+    };
+    let schedule = Schedule::new(&config.schedule, config.optim.lr, steps_per_epoch, config.train.epochs);
+
+    let checkpoints = run_dir.join("checkpoints");
+    std::fs::create_dir_all(&checkpoints)
+        .map_err(|source| TrainError::Io { path: checkpoints.clone(), source })?;
+    tensor_io::write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
+
+    let resume_path = match resume {
+        Resume::Fresh => None,
+        Resume::From(path) => Some(path),
+        Resume::Auto => match checkpoint::latest_valid(&checkpoints) {
+            Ok(path) => Some(path),
+            Err(CheckpointError::NoneFound { .. }) => {
+                tracing::info!("no checkpoint in {} yet: starting fresh", checkpoints.display());
+                None
+            }
+            Err(other) => return Err(other.into()),
+        },
+    };
+    let mut run = Run {
+        config,
+        run_dir: run_dir.to_path_buf(),
+        checkpoints,
+        model,
+        optimizer,
+        schedule,
+        classes,
+        metrics: MetricsLog::open(&run_dir.join("metrics.jsonl"), None)?,
+        best_val_top1: None,
+        last_val_top1: None,
+    };
+    let mut position = Position::default();
+    if let Some(path) = &resume_path {
+        position = run.restore(path)?;
+    }
+
+    tracing::info!(
+        "training {} ({} classes) on {} images ({} val), {} epochs x {} steps, batch {}, {} threads, run dir {}",
+        config.model.arch,
+        num_classes,
+        train_set.len(),
+        val_set.len(),
+        config.train.epochs,
+        steps_per_epoch,
+        config.data.batch_size,
+        threads,
+        run_dir.display()
+    );
+
+    let mut final_eval = None;
+    let mut trained_images = 0u64;
+    let mut trained_seconds = 0.0;
+    for epoch in position.epoch..config.train.epochs {
+        let start_batch = if epoch == position.epoch { position.step_in_epoch } else { 0 };
+        let totals = if epoch == position.epoch { position.totals } else { EpochTotals::default() };
+        let totals = run.train_epoch(&train_set, epoch, start_batch, steps_per_epoch, totals)?;
+        trained_images += totals.samples;
+        trained_seconds += totals.seconds;
+        let report = eval::evaluate(
+            &run.model,
+            val_set.clone(),
+            eval_transform(config),
+            loader_options(config, config.eval_batch_size()),
+        )?;
+        run.finish_epoch(epoch, &totals, &report)?;
+        final_eval = Some(report);
+    }
+
+    let weights = run.run_dir.join("model.safetensors");
+    run.model.write_torchvision(&weights, run.optimizer.steps())?;
+    let summary = Summary {
+        arch: config.model.arch.to_string(),
+        classes: run.classes.clone(),
+        epochs: config.train.epochs,
+        global_steps: run.optimizer.steps(),
+        train_images: train_set.len(),
+        val_images: val_set.len(),
+        final_eval,
+        best_val_top1: run.best_val_top1,
+        wall_seconds: started.elapsed().as_secs_f64(),
+        train_images_per_second: if trained_seconds > 0.0 {
+            trained_images as f64 / trained_seconds
+        } else {
+            0.0
+        },
+        peak_rss_mib: peak_rss_mib(),
+        threads,
+        weights_sha256: tensor_io::sha256_file(&weights)?,
+        weights,
+        resumed_from: resume_path,
+    };
+    let json = serde_json::to_string_pretty(&summary).unwrap_or_default();
+    tensor_io::write_atomic(&run.run_dir.join("summary.json"), json.as_bytes())?;
+    tracing::info!(
+        "done in {:.1}s: val top-1 {:.4}, weights {} (sha256 {})",
+        summary.wall_seconds,
+        summary.final_eval.as_ref().map_or(f64::NAN, |r| r.top1),
+        summary.weights.display(),
+        &summary.weights_sha256[..16]
+    );
+    Ok(summary)
+}
+
+/// Where training stands: the epoch in progress, how many of its steps are done, and the
+/// training sums of those steps.
+#[derive(Debug, Default)]
+struct Position {
+    epoch: u32,
+    step_in_epoch: usize,
+    totals: EpochTotals,
+}
+
+impl Run<'_> {
+    fn restore(&mut self, path: &Path) -> Result<Position, TrainError> {
+        let checkpoint = checkpoint::load(path, Some((self.model.arch, self.model.num_classes)))?;
+        let meta = &checkpoint.meta;
+        if meta.classes != self.classes {
+            return Err(CheckpointError::Mismatch {
+                path: path.to_path_buf(),
+                found: format!("classes {:?}", meta.classes),
+                expected: format!("classes {:?}", self.classes),
+            }
+            .into());
+        }
+        if meta.config_hash != self.config.hash() {
+            tracing::warn!(
+                "{}: made with another configuration; resuming with the current one",
+                path.display()
+            );
+        }
+        restore_model(&self.model, &checkpoint.model, path)?;
+        self.optimizer.load_state(&checkpoint.optimizer, meta.global_step)?;
+        self.metrics =
+            MetricsLog::open(&self.run_dir.join("metrics.jsonl"), Some((meta.global_step, meta.epoch)))?;
+        self.last_val_top1 = meta.val_top1;
+        self.best_val_top1 = meta.best_val_top1;
+        tracing::info!(
+            "resumed from {} at epoch {} step {} (global step {})",
+            path.display(),
+            meta.epoch,
+            meta.step_in_epoch,
+            meta.global_step
+        );
+        Ok(Position {
+            epoch: meta.epoch,
+            step_in_epoch: usize::try_from(meta.step_in_epoch).unwrap_or(usize::MAX),
+            totals: meta.epoch_totals,
+        })
+    }
+
+    fn train_epoch(
+        &mut self,
+        dataset: &Arc<ImageFolder>,
+        epoch: u32,
+        start_batch: usize,
+        steps_per_epoch: u64,
+        mut totals: EpochTotals,
+    ) -> Result<EpochTotals, TrainError> {
+        let config = self.config;
+        let order = sampler::epoch_permutation(dataset.len(), config.run.seed, u64::from(epoch));
+        let loader = Loader::new(
+            dataset.clone(),
+            order,
+            train_transform(config),
+            config.run.seed,
+            u64::from(epoch),
+            start_batch,
+            loader_options(config, config.data.batch_size),
+        );
+        let progress = progress_bar(steps_per_epoch, start_batch as u64, epoch, config.train.epochs);
+        let mut window = (Instant::now(), 0u64);
+        for (step_in_epoch, batch) in (start_batch as u64 + 1..=steps_per_epoch).zip(loader) {
+            let batch = batch?;
+            let step_started = Instant::now();
+            let global_step = self.optimizer.steps();
+            let lr = self.schedule.lr(global_step);
+            let (loss, correct) = self.step(&batch.images, &batch.labels, lr)?;
+            let samples = batch.indices.len() as u64;
+            totals.loss_sum += loss * samples as f64;
+            totals.correct += correct;
+            totals.samples += samples;
+            totals.seconds += step_started.elapsed().as_secs_f64();
+            window.1 += samples;
+            progress.inc(1);
+
+            let log_now =
+                step_in_epoch % config.train.log_every_steps == 0 || step_in_epoch == steps_per_epoch;
+            if log_now {
+                let rate = window.1 as f64 / window.0.elapsed().as_secs_f64().max(1e-9);
+                window = (Instant::now(), 0);
+                let record = StepRecord {
+                    kind: "step",
+                    epoch,
+                    step: step_in_epoch,
+                    global_step: self.optimizer.steps(),
+                    loss,
+                    accuracy: correct as f64 / samples.max(1) as f64,
+                    lr,
+                    images_per_second: rate,
+                };
+                self.metrics.append(&record)?;
+                progress.set_message(format!("loss {loss:.4} lr {lr:.4} {rate:.0} img/s"));
+                if progress.is_hidden() {
+                    tracing::info!(
+                        "epoch {}/{} step {step_in_epoch}/{steps_per_epoch}: loss {loss:.4} lr {lr:.5} {rate:.1} img/s",
+                        epoch + 1,
+                        config.train.epochs
+                    );
+                }
+            }
+            let every = config.checkpoint.every_steps;
+            if every > 0 && step_in_epoch % every == 0 && step_in_epoch < steps_per_epoch {
+                self.save_checkpoint(epoch, step_in_epoch, totals)?;
+            }
+        }
+        progress.finish_and_clear();
+        Ok(totals)
+    }
+
+    /// One optimisation step; returns the batch's mean loss and its number of correct top-1
+    /// predictions.
+    fn step(&mut self, images: &Tensor, labels: &Tensor, lr: f64) -> Result<(f64, u64), TrainError> {
+        let global_step = self.optimizer.steps();
+        let torch = |source| TrainError::Step { global_step, source };
+        self.optimizer.zero_grad();
+        let logits = self.model.forward_t(images, true);
+        let loss = logits
+            .f_cross_entropy_loss::<Tensor>(
+                labels,
+                None,
+                Reduction::Mean,
+                -100,
+                self.config.train.label_smoothing,
+            )
+            .map_err(torch)?;
+        loss.f_backward().map_err(torch)?;
+        self.optimizer.step(lr)?;
+        let loss_value = loss.f_double_value(&[]).map_err(torch)?;
+        if !loss_value.is_finite() {
+            return Err(TrainError::Diverged { global_step, loss: loss_value });
+        }
+        let correct =
+            tch::no_grad(|| logits.argmax(-1, false).eq_tensor(labels).sum(Kind::Int64).int64_value(&[]));
+        Ok((loss_value, u64::try_from(correct).unwrap_or(0)))
+    }
+
+    fn finish_epoch(
+        &mut self,
+        epoch: u32,
+        totals: &EpochTotals,
+        report: &EvalReport,
+    ) -> Result<(), TrainError> {
+        let config = self.config;
+        let samples = totals.samples.max(1) as f64;
+        let record = EpochRecord {
+            kind: "epoch",
+            epoch,
+            global_step: self.optimizer.steps(),
+            train_loss: totals.loss_sum / samples,
+            train_accuracy: totals.correct as f64 / samples,
+            train_images_per_second: totals.samples as f64 / totals.seconds.max(1e-9),
+            lr: self.schedule.lr(self.optimizer.steps().saturating_sub(1)),
+            seconds: totals.seconds,
+            val: report,
+        };
+        self.metrics.append(&record)?;
+        tracing::info!(
+            "epoch {}/{}: train loss {:.4} acc {:.4} ({:.1} img/s) | val loss {:.4} top-1 {:.4} per class {:?}",
+            epoch + 1,
+            config.train.epochs,
+            record.train_loss,
+            record.train_accuracy,
+            record.train_images_per_second,
+            report.loss,
+            report.top1,
+            report.per_class.iter().map(|a| (a * 1000.0).round() / 1000.0).collect::<Vec<_>>()
+        );
+        tracing::info!("confusion (rows: true class, columns: predicted): {:?}", report.confusion);
+        self.last_val_top1 = Some(report.top1);
+        let is_best = self.best_val_top1.is_none_or(|best| report.top1 > best);
+        if is_best {
+            self.best_val_top1 = Some(report.top1);
+        }
+        let last = epoch + 1 == config.train.epochs;
+        let every = config.checkpoint.every_epochs;
+        if last || (every > 0 && (epoch + 1) % every == 0) || (is_best && config.checkpoint.keep_best) {
+            let path = self.save_checkpoint(epoch + 1, 0, EpochTotals::default())?;
+            if is_best && config.checkpoint.keep_best {
+                let best = self.checkpoints.join(checkpoint::BEST_NAME);
+                let bytes =
+                    std::fs::read(&path).map_err(|source| TrainError::Io { path: path.clone(), source })?;
+                tensor_io::write_atomic(&best, &bytes)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn save_checkpoint(
+        &mut self,
+        epoch: u32,
+        step_in_epoch: u64,
+        totals: EpochTotals,
+    ) -> Result<PathBuf, TrainError> {
+        let meta = CheckpointMeta {
+            arch: self.model.arch,
+            num_classes: self.model.num_classes,
+            classes: self.classes.clone(),
+            epoch,
+            step_in_epoch,
+            global_step: self.optimizer.steps(),
+            seed: self.config.run.seed,
+            config_hash: self.config.hash(),
+            val_top1: self.last_val_top1,
+            best_val_top1: self.best_val_top1,
+            epoch_totals: totals,
+            rtrain_version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        let path = self.checkpoints.join(checkpoint::step_file_name(meta.global_step));
+        let model: Vec<(String, Tensor)> = self.model.state_dict().into_iter().collect();
+        checkpoint::save(&path, &meta, model, self.optimizer.state_tensors())?;
+        for stale in checkpoint::retention(
+            &checkpoint::list_step_checkpoints(&self.checkpoints)?,
+            self.config.checkpoint.keep_last,
+        ) {
+            if let Err(error) = std::fs::remove_file(&stale) {
+                tracing::warn!("could not delete old checkpoint {}: {error}", stale.display());
+            }
+        }
+        tracing::debug!("checkpoint {}", path.display());
+        Ok(path)
+    }
+}
+
+fn progress_bar(steps: u64, done: u64, epoch: u32, epochs: u32) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(steps).with_position(done);
+    let style = ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg} ({eta})")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(format!("{}/{epochs}", epoch + 1));
+    bar
+}
+
+/// Peak resident memory of this process (VmHWM), where /proc has it.
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}

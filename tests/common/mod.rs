@@ -1,0 +1,53 @@
+//! Helpers shared by the integration tests: the Python reference interpreter, scratch
+//! directories and running the real `rtrain` binary.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The Python with PyTorch and torchvision that `scripts/setup --test` installs. The reference
+/// tests need it: without it they fail and say how to get it, rather than silently passing.
+pub fn python() -> PathBuf {
+    let python = repo().join(".deps/venv/bin/python");
+    let ok = Command::new(&python)
+        .args(["-c", "import torch, torchvision, safetensors"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "the Python reference (torch, torchvision) is missing: run scripts/setup --test");
+    python
+}
+
+/// Runs a reference script with arguments; panics with its output if it fails.
+pub fn run_python(script: &str, args: &[&std::ffi::OsStr]) {
+    let output = Command::new(python())
+        .arg(repo().join("tests/reference").join(script))
+        .args(args)
+        .output()
+        .expect("start python");
+    assert!(
+        output.status.success(),
+        "{script} failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The built `rtrain` binary, run with `dir` as its working directory.
+pub fn rtrain(dir: &Path) -> assert_cmd::Command {
+    let mut command = assert_cmd::Command::cargo_bin("rtrain").expect("rtrain binary");
+    command.current_dir(dir).env_remove("RUST_LOG");
+    command
+}
+
+/// The Fashion-MNIST IDX files from Debian's dataset-fashion-mnist (scripts/setup --test).
+pub fn fashion_mnist(file: &str) -> PathBuf {
+    let path = Path::new("/usr/share/datasets/fashion-mnist").join(file);
+    assert!(path.exists(), "{} is missing: run scripts/setup --test", path.display());
+    path
+}

@@ -1,0 +1,265 @@
+//! End-to-end runs of the real binary: learning on real images, exact resume after a kill,
+//! evaluation and prediction from checkpoints, and errors that name what is wrong.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use predicates::prelude::*;
+use serde_json::Value;
+
+fn summary(run_dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(run_dir.join("summary.json")).unwrap()).unwrap()
+}
+
+/// A small synthetic damage set: 4 classes x 24 training and 8 validation images at 48px.
+fn small_synth(dir: &Path) -> PathBuf {
+    let data = dir.join("data");
+    common::rtrain(dir)
+        .args(["data", "synth"])
+        .arg(&data)
+        .args(["--train-per-class", "24", "--val-per-class", "8", "--image-size", "48"])
+        .assert()
+        .success();
+    data
+}
+
+const QUICK: &[&str] = &[
+    "--set",
+    "data.image_size=32",
+    "--set",
+    "data.batch_size=16",
+    "--set",
+    "train.epochs=2",
+    "--set",
+    "optim.lr=0.02",
+    "--set",
+    "train.threads=2",
+    "--set",
+    "checkpoint.every_steps=1",
+    "--set",
+    "checkpoint.keep_last=2",
+];
+
+#[test]
+fn fashion_mnist_subset_learns() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("fmnist");
+    for (images, labels, split, limit) in [
+        ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "train", "3000"),
+        ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", "val", "1000"),
+    ] {
+        common::rtrain(dir.path())
+            .args(["data", "import-idx"])
+            .arg(common::fashion_mnist(images))
+            .arg(common::fashion_mnist(labels))
+            .arg(&data)
+            .args(["--split", split, "--limit", limit])
+            .assert()
+            .success();
+    }
+    let run = dir.path().join("run");
+    common::rtrain(dir.path())
+        .args(["train", "--config"])
+        .arg(common::repo().join("configs/fashion-mnist.toml"))
+        .arg("--set")
+        .arg(format!("data.root={:?}", data.display().to_string()))
+        .arg("--run-dir")
+        .arg(&run)
+        .assert()
+        .success();
+    let summary = summary(&run);
+    let top1 = summary["final_eval"]["top1"].as_f64().unwrap();
+    println!(
+        "Fashion-MNIST subset: validation top-1 {top1:.4} in {:.1}s",
+        summary["wall_seconds"].as_f64().unwrap()
+    );
+    assert!(top1 >= 0.75, "validation top-1 {top1} < 0.75");
+    assert_eq!(summary["classes"][9], "9-ankle-boot");
+}
+
+#[test]
+fn resume_after_kill_is_bit_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = small_synth(dir.path());
+    let data_arg = format!("data.root={:?}", data.display().to_string());
+
+    let straight = dir.path().join("straight");
+    common::rtrain(dir.path())
+        .arg("train")
+        .args(QUICK)
+        .args(["--set", &data_arg])
+        .arg("--run-dir")
+        .arg(&straight)
+        .assert()
+        .success();
+
+    // Same run, killed mid-epoch once a few step checkpoints exist, then resumed. (It keeps
+    // all its checkpoints so that the one it resumed from can be inspected afterwards.)
+    let killed = dir.path().join("killed");
+    let keep_all = "checkpoint.keep_last=100";
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("rtrain"))
+        .current_dir(dir.path())
+        .arg("train")
+        .args(QUICK)
+        .args(["--set", &data_arg, "--set", keep_all])
+        .arg("--run-dir")
+        .arg(&killed)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !killed.join("checkpoints/step-000000002.safetensors").exists() {
+        assert!(Instant::now() < deadline, "no checkpoint appeared");
+        assert!(child.try_wait().unwrap().is_none(), "training ended before it could be killed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!killed.join("summary.json").exists(), "the run was killed before it finished");
+
+    common::rtrain(dir.path())
+        .arg("train")
+        .args(QUICK)
+        .args(["--set", &data_arg, "--set", keep_all, "--resume", "auto"])
+        .arg("--run-dir")
+        .arg(&killed)
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("resumed from"));
+    let resumed = summary(&killed);
+    let from = PathBuf::from(resumed["resumed_from"].as_str().expect("resumed_from"));
+    let meta = rtrain::checkpoint::read_meta(&from).unwrap();
+    assert!(meta.step_in_epoch > 0, "the kill should have landed mid-epoch, got {meta:?}");
+    assert_eq!(resumed["weights_sha256"], summary(&straight)["weights_sha256"], "resumed weights differ");
+    assert_eq!(resumed["final_eval"], summary(&straight)["final_eval"]);
+
+    // A different seed really changes the weights, so the equality above means something.
+    let other = dir.path().join("other-seed");
+    common::rtrain(dir.path())
+        .arg("train")
+        .args(QUICK)
+        .args(["--set", &data_arg, "--set", "run.seed=1"])
+        .arg("--run-dir")
+        .arg(&other)
+        .assert()
+        .success();
+    assert_ne!(summary(&other)["weights_sha256"], summary(&straight)["weights_sha256"]);
+
+    // Retention kept the newest two step checkpoints, plus best.
+    let kept = rtrain::checkpoint::list_step_checkpoints(&straight.join("checkpoints")).unwrap();
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    assert!(straight.join("checkpoints/best.safetensors").exists());
+
+    // Eval of the final checkpoint reproduces the run's own final evaluation.
+    let last = &kept.last().unwrap().1;
+    let output = common::rtrain(dir.path())
+        .args(["eval", "--json", "--set", &data_arg, "--set", "data.image_size=32", "--checkpoint"])
+        .arg(last)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let in_run = &summary(&straight)["final_eval"];
+    assert_eq!(report["confusion"], in_run["confusion"]);
+    // The summed loss may differ in the last float bits between processes (kernel choice).
+    let (a, b) = (report["loss"].as_f64().unwrap(), in_run["loss"].as_f64().unwrap());
+    assert!((a - b).abs() <= 1e-6 * b.abs(), "eval loss {a} vs in-run {b}");
+
+    // Predict names one of the classes for a validation image.
+    let image = std::fs::read_dir(data.join("val/3-severe")).unwrap().next().unwrap().unwrap().path();
+    common::rtrain(dir.path())
+        .args(["predict", "--set", "data.image_size=32", "--checkpoint"])
+        .arg(last)
+        .arg(&image)
+        .assert()
+        .success()
+        .stdout(predicate::str::is_match(r"[0-3]-(none|minor|moderate|severe) 0\.\d{3}").unwrap());
+
+    // A checkpoint of another architecture is refused, naming both.
+    common::rtrain(dir.path())
+        .arg("train")
+        .args(QUICK)
+        .args(["--set", &data_arg, "--set", "model.arch=resnet34", "--resume"])
+        .arg(last)
+        .arg("--run-dir")
+        .arg(dir.path().join("wrong-arch"))
+        .assert()
+        .failure()
+        .stderr(
+            predicate::str::contains("resnet18 with 4 classes").and(predicate::str::contains("resnet34")),
+        );
+
+    // Starting a fresh run over existing checkpoints is refused instead of mixing two runs.
+    common::rtrain(dir.path())
+        .arg("train")
+        .args(QUICK)
+        .args(["--set", &data_arg])
+        .arg("--run-dir")
+        .arg(&straight)
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("--resume auto"));
+}
+
+#[test]
+fn frozen_backbone_keeps_pretrained_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = small_synth(dir.path());
+    let pretrained = dir.path().join("imagenet-layout.safetensors");
+    let script = format!(
+        "import torch, torchvision\nfrom safetensors.torch import save_file\ntorch.manual_seed(2)\nm = torchvision.models.resnet18()\nsave_file({{k: v.contiguous() for k, v in m.state_dict().items()}}, {:?})",
+        pretrained.display().to_string()
+    );
+    assert!(std::process::Command::new(common::python()).args(["-c", &script]).status().unwrap().success());
+    let run = dir.path().join("run");
+    common::rtrain(dir.path())
+        .arg("train")
+        .args(QUICK)
+        .arg("--set")
+        .arg(format!("data.root={:?}", data.display().to_string()))
+        .arg("--set")
+        .arg(format!("model.pretrained={:?}", pretrained.display().to_string()))
+        .args(["--set", "model.freeze_backbone=true", "--set", "train.epochs=1", "--run-dir"])
+        .arg(&run)
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("re-initialised [\"fc.bias\", \"fc.weight\"]"));
+    let before = rtrain::tensor_io::read_safetensors(&pretrained).unwrap().tensors;
+    let after = rtrain::tensor_io::read_safetensors(&run.join("model.safetensors")).unwrap().tensors;
+    assert!(after["layer2.0.conv1.weight"].equal(&before["layer2.0.conv1.weight"]), "frozen weights changed");
+    assert_eq!(after["fc.weight"].size(), vec![4, 512]);
+}
+
+#[test]
+fn configuration_errors_name_the_key_and_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    std::fs::write(&config, "[train]\nepochz = 3\n").unwrap();
+    common::rtrain(dir.path())
+        .args(["train", "--config"])
+        .arg(&config)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("epochz").and(predicate::str::contains("bad.toml")));
+    common::rtrain(dir.path())
+        .args(["config", "show", "--set", "optim.lr=fast"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("optim.lr"));
+    common::rtrain(dir.path())
+        .args(["config", "show"])
+        .env("RTRAIN_TRAIN__EPOCHS", "7")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("epochs = 7  # environment"));
+    // A user's data path that does not exist is an error naming it, never a synthetic run.
+    common::rtrain(dir.path())
+        .args(["train", "--set", "data.root=\"nowhere\""])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("nowhere"));
+}
