@@ -3,9 +3,9 @@
 //! that the folder loader and torchvision's `ImageFolder` read.
 //!
 //! This module owns IDX parsing and validation (magic numbers, sizes, label ranges), the
-//! decompression of `.gz` files, and the atomic write of one split (`OUT/<split>/<class>/…`).
-//! The crate has no gzip dependency, so `.gz` files are decompressed by running the system's
-//! `gzip -dc`, which every Linux image we ship on has.
+//! decompression of `.gz` files, and the writing of one split (`OUT/<split>/<class>/…`), which
+//! [`super::atomic_dir`] publishes atomically. The crate has no gzip dependency, so `.gz` files
+//! are decompressed by running the system's `gzip -dc`, which every Linux image we ship on has.
 
 use std::fs;
 use std::io;
@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use image::codecs::png::PngEncoder;
 use image::{ExtendedColorType, ImageEncoder};
+
+use super::atomic_dir::{self, AtomicDirError};
 
 /// Fashion-MNIST's ten classes as folder names; the numeric prefix keeps alphabetical order
 /// equal to label order.
@@ -126,6 +128,18 @@ pub enum IdxError {
     WorkerPanicked,
 }
 
+/// Publication errors keep the variants this enum has always had, so callers that match on
+/// [`IdxError::OutputExists`] see no difference.
+impl From<AtomicDirError> for IdxError {
+    fn from(err: AtomicDirError) -> Self {
+        match err {
+            AtomicDirError::OutputExists { path } => IdxError::OutputExists { path },
+            AtomicDirError::Io { path, action, source } => IdxError::Io { path, action, source },
+            AtomicDirError::Rename { from, to, source } => IdxError::Rename { from, to, source },
+        }
+    }
+}
+
 /// Reads an IDX image file (magic 0x00000803, unsigned bytes `[n, rows, cols]`), gzipped when
 /// its name ends in `.gz`.
 pub fn read_images(path: &Path) -> Result<IdxImages, IdxError> {
@@ -228,7 +242,7 @@ pub fn import(
     };
     let dest = out.join(split);
     // Fail on an occupied destination before spending time on decompression.
-    ensure_free(&dest)?;
+    atomic_dir::ensure_free(&dest)?;
 
     let imgs = read_images(images)?;
     let labs = read_labels(labels)?;
@@ -252,16 +266,8 @@ pub fn import(
     }
     let n = limit.map_or(imgs.count, |l| l.min(imgs.count));
 
-    fs::create_dir_all(out).map_err(|source| IdxError::Io {
-        path: out.to_path_buf(),
-        action: "create directory",
-        source,
-    })?;
-    let tmp = tempfile::Builder::new().prefix(".idx-").tempdir_in(out).map_err(|source| IdxError::Io {
-        path: out.to_path_buf(),
-        action: "create a temporary directory in",
-        source,
-    })?;
+    // `dest` is `out/<split>`, so the staging directory lives in `out` itself.
+    let tmp = atomic_dir::staging_dir(&dest, ".idx-")?;
     for name in &names {
         let dir = tmp.path().join(name);
         fs::create_dir(&dir).map_err(|source| IdxError::Io {
@@ -271,7 +277,7 @@ pub fn import(
         })?;
     }
     write_pngs(tmp.path(), &imgs, &labs[..n], &names)?;
-    publish(tmp, &dest)?;
+    atomic_dir::publish(tmp, &dest)?;
     tracing::info!(
         images = %images.display(),
         out = %dest.display(),
@@ -446,58 +452,6 @@ fn write_pngs(root: &Path, imgs: &IdxImages, labels: &[u8], names: &[String]) ->
         }
         first_error.map_or(Ok(()), Err)
     })
-}
-
-/// OK when `dest` is absent or an empty directory.
-fn ensure_free(dest: &Path) -> Result<(), IdxError> {
-    match fs::symlink_metadata(dest) {
-        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(source) => {
-            Err(IdxError::Io { path: dest.to_path_buf(), action: "inspect the output path", source })
-        }
-        Ok(meta) if meta.is_dir() => {
-            let mut entries = fs::read_dir(dest).map_err(|source| IdxError::Io {
-                path: dest.to_path_buf(),
-                action: "list the output directory",
-                source,
-            })?;
-            if entries.next().is_some() {
-                Err(IdxError::OutputExists { path: dest.to_path_buf() })
-            } else {
-                Ok(())
-            }
-        }
-        Ok(_) => Err(IdxError::OutputExists { path: dest.to_path_buf() }),
-    }
-}
-
-fn publish(tmp: tempfile::TempDir, dest: &Path) -> Result<(), IdxError> {
-    // tempfile creates its directory 0700; the dataset should be as readable as any other
-    // directory, e.g. for a container user with another uid.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).map_err(|source| {
-            IdxError::Io { path: tmp.path().to_path_buf(), action: "set permissions on", source }
-        })?;
-    }
-    // Checked again because the import takes a while and someone may have written there since.
-    ensure_free(dest)?;
-    if dest.is_dir() {
-        fs::remove_dir(dest).map_err(|source| IdxError::Io {
-            path: dest.to_path_buf(),
-            action: "remove the empty output directory",
-            source,
-        })?;
-    }
-    fs::rename(tmp.path(), dest).map_err(|source| IdxError::Rename {
-        from: tmp.path().to_path_buf(),
-        to: dest.to_path_buf(),
-        source,
-    })?;
-    // The directory now lives at `dest`; disarm the cleanup that would look for it.
-    let _ = tmp.keep();
-    Ok(())
 }
 
 #[cfg(test)]

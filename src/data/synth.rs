@@ -5,8 +5,9 @@
 //!
 //! This module owns the picture model (sky, ground, facade, windows, door, damage), the
 //! per-image seeding that makes every file a pure function of `(seed, split, class, index)`, and
-//! the atomic write of the whole tree. It needs no network and no data files, which is why it is
-//! the default dataset: every test and every fresh install can train on it.
+//! the writing of the whole tree, which [`super::atomic_dir`] publishes atomically. It needs no
+//! network and no data files, which is why it is the default dataset: every test and every
+//! fresh install can train on it.
 
 use std::f32::consts::TAU;
 use std::fs;
@@ -18,6 +19,8 @@ use image::codecs::jpeg::JpegEncoder;
 use image::RgbImage;
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+use super::atomic_dir::{self, AtomicDirError};
 
 /// Class folder names; their alphabetical order is the label order.
 pub const CLASS_NAMES: [&str; 4] = ["0-none", "1-minor", "2-moderate", "3-severe"];
@@ -99,6 +102,18 @@ pub enum SynthError {
     WorkerPanicked,
 }
 
+/// Publication errors keep the variants this enum has always had, so callers that match on
+/// [`SynthError::OutputExists`] see no difference.
+impl From<AtomicDirError> for SynthError {
+    fn from(err: AtomicDirError) -> Self {
+        match err {
+            AtomicDirError::OutputExists { path } => SynthError::OutputExists { path },
+            AtomicDirError::Io { path, action, source } => SynthError::Io { path, action, source },
+            AtomicDirError::Rename { from, to, source } => SynthError::Rename { from, to, source },
+        }
+    }
+}
+
 /// Writes the dataset described by `options` to `out` and returns how many images it wrote.
 ///
 /// The tree is built in a temporary directory next to `out` and renamed into place at the end,
@@ -107,16 +122,8 @@ pub enum SynthError {
 /// files with the same build, however many threads run.
 pub fn generate(out: &Path, options: &SynthOptions) -> Result<SynthSummary, SynthError> {
     validate(options)?;
-    ensure_free(out)?;
-    let parent = parent_of(out);
-    fs::create_dir_all(parent).map_err(|source| SynthError::Io {
-        path: parent.to_path_buf(),
-        action: "create the output's parent directory",
-        source,
-    })?;
-    let tmp = tempfile::Builder::new().prefix(".synth-").tempdir_in(parent).map_err(|source| {
-        SynthError::Io { path: parent.to_path_buf(), action: "create a temporary directory in", source }
-    })?;
+    atomic_dir::ensure_free(out)?;
+    let tmp = atomic_dir::staging_dir(out, ".synth-")?;
 
     let mut jobs = Vec::new();
     for (split, per_class) in [(Split::Train, options.train_per_class), (Split::Val, options.val_per_class)] {
@@ -142,7 +149,7 @@ pub fn generate(out: &Path, options: &SynthOptions) -> Result<SynthSummary, Synt
         action: "write",
         source,
     })?;
-    publish(tmp, out)?;
+    atomic_dir::publish(tmp, out)?;
     tracing::info!(
         out = %out.display(),
         train = summary.train_images,
@@ -215,7 +222,7 @@ fn readme_text(options: &SynthOptions, summary: &SynthSummary) -> String {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Output tree: seeding, parallel writing, atomic publication.
+// Output tree: seeding and parallel writing (publication is `atomic_dir`'s).
 
 #[derive(Debug, Clone, Copy)]
 enum Split {
@@ -318,65 +325,6 @@ fn run_jobs(root: &Path, options: &SynthOptions, jobs: &[Job]) -> Result<(), Syn
         }
         first_error.map_or(Ok(()), Err)
     })
-}
-
-fn parent_of(out: &Path) -> &Path {
-    match out.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    }
-}
-
-/// OK when `out` is absent or an empty directory.
-fn ensure_free(out: &Path) -> Result<(), SynthError> {
-    match fs::symlink_metadata(out) {
-        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(source) => {
-            Err(SynthError::Io { path: out.to_path_buf(), action: "inspect the output path", source })
-        }
-        Ok(meta) if meta.is_dir() => {
-            let mut entries = fs::read_dir(out).map_err(|source| SynthError::Io {
-                path: out.to_path_buf(),
-                action: "list the output directory",
-                source,
-            })?;
-            if entries.next().is_some() {
-                Err(SynthError::OutputExists { path: out.to_path_buf() })
-            } else {
-                Ok(())
-            }
-        }
-        Ok(_) => Err(SynthError::OutputExists { path: out.to_path_buf() }),
-    }
-}
-
-fn publish(tmp: tempfile::TempDir, out: &Path) -> Result<(), SynthError> {
-    // tempfile creates its directory 0700; the dataset should be as readable as any other
-    // directory, e.g. for a container user with another uid.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).map_err(|source| {
-            SynthError::Io { path: tmp.path().to_path_buf(), action: "set permissions on", source }
-        })?;
-    }
-    // Checked again because generation takes a while and someone may have written there since.
-    ensure_free(out)?;
-    if out.is_dir() {
-        fs::remove_dir(out).map_err(|source| SynthError::Io {
-            path: out.to_path_buf(),
-            action: "remove the empty output directory",
-            source,
-        })?;
-    }
-    fs::rename(tmp.path(), out).map_err(|source| SynthError::Rename {
-        from: tmp.path().to_path_buf(),
-        to: out.to_path_buf(),
-        source,
-    })?;
-    // The directory now lives at `out`; disarm the cleanup that would look for it.
-    let _ = tmp.keep();
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
