@@ -8,6 +8,7 @@ use rtrain::cli::{self, Cli};
 use rtrain::config::ConfigError;
 
 fn main() -> ExitCode {
+    rtrain::memory::tune_allocator_for_training();
     let cli = Cli::parse();
     match cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,

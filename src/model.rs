@@ -1,7 +1,6 @@
 //! ResNet-18/34/50/101/152 with torchvision's parameter names, initialisation and state dicts.
 //!
-//! The layers are tch's (`tch::vision::resnet`), whose variable names already equal
-//! torchvision's. This module adds what a training tool needs around them: torchvision's
+//! The layers are in `resnet.rs`. This module adds what a training tool needs around them: torchvision's
 //! initialisation, loading a torchvision `.safetensors` state dict (re-initialising the head
 //! when the class count differs), freezing the backbone, and exporting a state dict that
 //! `torchvision.models.resnetXX(num_classes=K).load_state_dict` accepts as is.
@@ -11,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::resnet::ResNet;
 use crate::tensor_io::{self, TensorIoError};
 use tch::nn::{ModuleT, VarStore};
 use tch::{Device, Kind, Tensor};
@@ -78,7 +78,7 @@ pub struct Model {
     pub arch: Arch,
     pub num_classes: usize,
     pub vs: VarStore,
-    net: Box<dyn ModuleT>,
+    net: ResNet,
 }
 
 impl Model {
@@ -89,14 +89,14 @@ impl Model {
             .map_err(|_| torch_err(tch::TchError::Convert("class count".into())))?;
         let vs = VarStore::new(device);
         let root = vs.root();
-        use tch::vision::resnet;
-        let net: Box<dyn ModuleT> = match arch {
-            Arch::Resnet18 => Box::new(resnet::resnet18(&root, classes)),
-            Arch::Resnet34 => Box::new(resnet::resnet34(&root, classes)),
-            Arch::Resnet50 => Box::new(resnet::resnet50(&root, classes)),
-            Arch::Resnet101 => Box::new(resnet::resnet101(&root, classes)),
-            Arch::Resnet152 => Box::new(resnet::resnet152(&root, classes)),
+        let (blocks, bottleneck) = match arch {
+            Arch::Resnet18 => ([2, 2, 2, 2], false),
+            Arch::Resnet34 => ([3, 4, 6, 3], false),
+            Arch::Resnet50 => ([3, 4, 6, 3], true),
+            Arch::Resnet101 => ([3, 4, 23, 3], true),
+            Arch::Resnet152 => ([3, 8, 36, 3], true),
         };
+        let net = ResNet::new(&root, blocks, bottleneck, classes);
         let model = Model { arch, num_classes, vs, net };
         model.init_like_torchvision().map_err(torch_err)?;
         Ok(model)

@@ -135,12 +135,16 @@ impl Optimizer {
 }
 
 /// torch.optim.SGD, single-tensor path (dampening 0).
+///
+/// Same arithmetic as PyTorch, in four passes and no allocation after the first step: `x + a*y`
+/// is `x.addcmul_(y, a)` with `a` a 0-dim tensor (tch has no `alpha` argument), and the gradient
+/// is updated in place since nothing reads it after the step.
 fn sgd_update(config: &OptimConfig, lr: f64, slot: &mut Slot, grad: &Tensor) -> Result<(), TchError> {
-    let mut d_p = if config.weight_decay != 0.0 {
-        grad.f_add(&slot.param.f_mul_scalar(config.weight_decay)?)?
-    } else {
-        grad.shallow_clone()
-    };
+    let scalar = |value: f64| Tensor::from(value).to_kind(slot.param.kind());
+    let mut d_p = grad.shallow_clone();
+    if config.weight_decay != 0.0 {
+        let _ = d_p.f_addcmul_(&slot.param, &scalar(config.weight_decay))?;
+    }
     if config.momentum != 0.0 {
         match slot.state.first_mut() {
             None => slot.state.push(d_p.detach().copy()),
@@ -150,13 +154,13 @@ fn sgd_update(config: &OptimConfig, lr: f64, slot: &mut Slot, grad: &Tensor) -> 
             }
         }
         let buf = &slot.state[0];
-        d_p = if config.nesterov {
-            d_p.f_add(&buf.f_mul_scalar(config.momentum)?)?
+        if config.nesterov {
+            let _ = d_p.f_addcmul_(buf, &scalar(config.momentum))?;
         } else {
-            buf.shallow_clone()
-        };
+            d_p = buf.shallow_clone();
+        }
     }
-    let _ = slot.param.f_add_(&d_p.f_mul_scalar(-lr)?)?;
+    let _ = slot.param.f_addcmul_(&d_p, &scalar(-lr))?;
     Ok(())
 }
 
