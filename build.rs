@@ -1,19 +1,35 @@
-//! Makes the built binaries find libtorch at run time without LD_LIBRARY_PATH.
+//! Build glue: the C++ shim (`src/shim/shim.cpp`) compiled against libtorch, and binaries that
+//! find libtorch at run time without LD_LIBRARY_PATH.
 //!
 //! torch-sys (a direct dependency for this reason) announces the libtorch library directory
-//! through its `links` metadata; we bake it into every binary's rpath. A `cuda` build also
-//! forces `libtorch.so` to be linked: as-needed linking would otherwise drop `libtorch_cuda`,
-//! which no symbol references, and CUDA would silently report itself unavailable.
+//! through its `links` metadata; the headers sit beside it. We bake the directory into every
+//! binary's rpath. A `cuda` build also forces `libtorch.so` to be linked: as-needed linking
+//! would otherwise drop `libtorch_cuda`, which no symbol references, and CUDA would silently
+//! report itself unavailable.
+
+use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    let Ok(lib_dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
-        println!(
-            "cargo:warning=torch-sys did not report its libtorch directory; set LD_LIBRARY_PATH at run time"
-        );
-        return;
-    };
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{lib_dir}");
+    println!("cargo:rerun-if-changed=src/shim/shim.cpp");
+    let lib_dir = PathBuf::from(
+        std::env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys did not report its libtorch directory"),
+    );
+    let include = lib_dir.parent().map(|p| p.join("include")).unwrap_or_default();
+    cc::Build::new()
+        .cpp(true)
+        .file("src/shim/shim.cpp")
+        .include(&include)
+        .include(include.join("torch/csrc/api/include"))
+        .flag("-std=c++17")
+        .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .warnings(false)
+        .compile("rtrain_shim");
+    // After the shim's static library, so that its references to libtorch resolve.
+    println!("cargo:rustc-link-search=native={}", lib_dir.display());
+    println!("cargo:rustc-link-lib=dylib=torch_cpu");
+    println!("cargo:rustc-link-lib=dylib=c10");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
         println!("cargo:rustc-link-arg=-ltorch");

@@ -6,6 +6,9 @@ rtrain / PyTorch. Run from the repository root after `scripts/setup --test` and
 `cargo build --release`:
 
     .deps/venv/bin/python bench/compare_step.py [--repeats 3] [--threads 2] [--sizes 64 224]
+
+Each model and size runs in four modes: fp32 and bf16 autocast, each NCHW and channels-last.
+The last column compares rtrain's best mode with PyTorch's best mode.
 """
 import argparse
 import json
@@ -30,29 +33,44 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--modes", nargs="+", default=["fp32", "fp32-cl", "bf16", "bf16-cl"],
+                        help="precision, with -cl for channels-last")
     parser.add_argument("--rtrain", default=str(ROOT / "target/release/rtrain"))
     args = parser.parse_args()
 
     rows = []
     for arch in args.archs:
         for size in args.sizes:
-            common = ["--arch", arch, "--image-size", str(size), "--batch-size", str(args.batch_size),
-                      "--threads", str(args.threads), "--steps", str(args.steps)]
-            ours, theirs = [], []
-            for _ in range(args.repeats):
-                ours.append(run([args.rtrain, "bench", "step", "--json", *common])["images_per_second"])
-                theirs.append(run([sys.executable, str(ROOT / "bench/step_reference.py"), *common])["images_per_second"])
-            rows.append((arch, size, ours, theirs))
-            print(f"{arch} @{size}: rtrain {[round(x, 1) for x in ours]} pytorch {[round(x, 1) for x in theirs]}",
-                  file=sys.stderr)
+            for mode in args.modes:
+                precision, _, layout = mode.partition("-")
+                common = ["--arch", arch, "--image-size", str(size), "--batch-size", str(args.batch_size),
+                          "--threads", str(args.threads), "--steps", str(args.steps), "--precision", precision]
+                if layout == "cl":
+                    common.append("--channels-last")
+                ours, theirs = [], []
+                for _ in range(args.repeats):
+                    ours.append(run([args.rtrain, "bench", "step", "--json", *common])["images_per_second"])
+                    theirs.append(run([sys.executable, str(ROOT / "bench/step_reference.py"), *common])
+                                  ["images_per_second"])
+                rows.append((arch, size, mode, ours, theirs))
+                print(f"{arch} @{size} {mode}: rtrain {[round(x, 1) for x in ours]} "
+                      f"pytorch {[round(x, 1) for x in theirs]}", file=sys.stderr)
 
     print(f"\ntraining step, batch {args.batch_size}, {args.threads} threads, {args.repeats} alternating runs "
           f"x {args.steps} timed steps; img/s median (min-max)")
-    print(f"{'model':<10} {'size':>4} {'rtrain':>22} {'pytorch':>22} {'ratio':>6}")
-    for arch, size, ours, theirs in rows:
+    print(f"{'model':<10} {'size':>4} {'mode':<8} {'rtrain':>22} {'pytorch':>22} {'ratio':>6}")
+    fmt = lambda xs: f"{statistics.median(xs):7.1f} ({min(xs):.1f}-{max(xs):.1f})"
+    for arch, size, mode, ours, theirs in rows:
         ratio = statistics.median(ours) / statistics.median(theirs)
-        fmt = lambda xs: f"{statistics.median(xs):7.1f} ({min(xs):.1f}-{max(xs):.1f})"
-        print(f"{arch:<10} {size:>4} {fmt(ours):>22} {fmt(theirs):>22} {ratio:6.2f}x")
+        print(f"{arch:<10} {size:>4} {mode:<8} {fmt(ours):>22} {fmt(theirs):>22} {ratio:6.2f}x")
+    for arch in args.archs:
+        for size in args.sizes:
+            group = [r for r in rows if r[0] == arch and r[1] == size]
+            best_ours = max(group, key=lambda r: statistics.median(r[3]))
+            best_theirs = max(group, key=lambda r: statistics.median(r[4]))
+            ratio = statistics.median(best_ours[3]) / statistics.median(best_theirs[4])
+            print(f"best vs best, {arch} @{size}: rtrain {best_ours[2]} {statistics.median(best_ours[3]):.1f} / "
+                  f"pytorch {best_theirs[2]} {statistics.median(best_theirs[4]):.1f} = {ratio:.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The PyTorch eager twin of `rtrain bench step`: torchvision ResNet, random input, the same
 step (zero_grad, forward in train mode, cross-entropy, backward, SGD momentum 0.9 with weight
-decay 5e-4), the same warm-up and timing. Prints one JSON line like `rtrain bench step --json`.
+decay 5e-4), the same warm-up and timing, optionally under torch.autocast("cpu", bfloat16) and
+in channels-last. Prints one JSON line like `rtrain bench step --json`.
 
 Usage: python step_reference.py --arch resnet18 --image-size 64 --batch-size 32 --threads 2
 """
@@ -21,6 +22,8 @@ def main():
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--channels-last", action="store_true")
     args = parser.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -29,13 +32,18 @@ def main():
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
     images = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        images = images.contiguous(memory_format=torch.channels_last)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16")
     labels = torch.randint(10, (args.batch_size,))
     loss_fn = torch.nn.CrossEntropyLoss()
     times = []
     for i in range(args.warmup + args.steps):
         started = time.perf_counter()
         optimizer.zero_grad()
-        loss = loss_fn(model(images), labels)
+        with autocast:
+            loss = loss_fn(model(images), labels)
         loss.backward()
         optimizer.step()
         if i >= args.warmup:
@@ -47,6 +55,8 @@ def main():
         "image_size": args.image_size,
         "batch_size": args.batch_size,
         "threads": torch.get_num_threads(),
+        "precision": args.precision,
+        "channels_last": args.channels_last,
         "step_seconds": times,
         "median_step_seconds": median,
         "images_per_second": args.batch_size / median,

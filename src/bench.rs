@@ -1,8 +1,8 @@
 //! `rtrain bench`: timings that can be compared with PyTorch's, run for run.
 //!
 //! `bench step` times the training step alone (forward, loss, backward, SGD update) on random
-//! input, exactly what bench/step_reference.py times in PyTorch eager, so the ratio of the two
-//! isolates the framework from data loading.
+//! input, exactly what bench/step_reference.py times in PyTorch eager (also in bf16 autocast
+//! and channels-last), so the ratio of the two isolates the framework from data loading.
 
 use std::time::Instant;
 
@@ -12,6 +12,7 @@ use tch::{Device, Kind, Reduction, Tensor};
 use crate::config::Config;
 use crate::model::{Arch, Model, ModelError};
 use crate::optim::{OptimError, Optimizer};
+use crate::precision::{Compute, ShimError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -21,6 +22,8 @@ pub enum BenchError {
     Optim(#[from] OptimError),
     #[error("bench step: {0}")]
     Torch(#[from] tch::TchError),
+    #[error(transparent)]
+    Shim(#[from] ShimError),
 }
 
 #[derive(Debug, Clone)]
@@ -31,6 +34,7 @@ pub struct StepBench {
     pub threads: usize,
     pub warmup: usize,
     pub steps: usize,
+    pub compute: Compute,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -40,6 +44,8 @@ pub struct StepBenchResult {
     pub image_size: i64,
     pub batch_size: i64,
     pub threads: i32,
+    pub precision: String,
+    pub channels_last: bool,
     pub step_seconds: Vec<f64>,
     pub median_step_seconds: f64,
     pub images_per_second: f64,
@@ -60,16 +66,20 @@ pub fn bench_step(options: &StepBench) -> Result<StepBenchResult, BenchError> {
     tch::manual_seed(0);
     let num_classes = 10;
     let model = Model::new(options.arch, num_classes, Device::Cpu)?;
+    crate::train::prepare_model(&model, &options.compute)?;
     let mut optimizer = Optimizer::new(&Config::default().optim, model.trainable());
     let size = [options.batch_size, 3, options.image_size, options.image_size];
-    let images = Tensor::f_randn(size, (Kind::Float, Device::Cpu))?;
+    let images = options.compute.input(&Tensor::f_randn(size, (Kind::Float, Device::Cpu))?)?;
     let labels = Tensor::f_randint(num_classes as i64, [options.batch_size], (Kind::Int64, Device::Cpu))?;
     let mut step_seconds = Vec::with_capacity(options.steps);
     for i in 0..options.warmup + options.steps {
         let started = Instant::now();
         optimizer.zero_grad();
-        let logits = model.forward_t(&images, true);
-        let loss = logits.f_cross_entropy_loss::<Tensor>(&labels, None, Reduction::Mean, -100, 0.0)?;
+        let loss = {
+            let _autocast = options.compute.autocast()?;
+            let logits = model.forward_t(&images, true);
+            logits.f_cross_entropy_loss::<Tensor>(&labels, None, Reduction::Mean, -100, 0.0)?
+        };
         loss.f_backward()?;
         optimizer.step(0.01)?;
         if i >= options.warmup {
@@ -83,6 +93,8 @@ pub fn bench_step(options: &StepBench) -> Result<StepBenchResult, BenchError> {
         image_size: options.image_size,
         batch_size: options.batch_size,
         threads,
+        precision: options.compute.precision.to_string(),
+        channels_last: options.compute.channels_last,
         images_per_second: options.batch_size as f64 / median_step_seconds,
         median_step_seconds,
         step_seconds,

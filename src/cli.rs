@@ -17,6 +17,10 @@ use crate::data::{idx, synth, transforms};
 use crate::eval;
 use crate::logging::{self, LogFormat};
 use crate::model::{Arch, Model};
+use crate::precision::{self, Compute, Precision};
+
+/// The libtorch release tch 0.26 is built against (scripts/setup installs exactly this).
+const LIBTORCH_VERSION: &str = "2.13.0";
 use crate::train::{self, Resume};
 
 #[derive(Debug, Parser)]
@@ -55,6 +59,16 @@ pub enum Command {
     /// Benchmarks comparable with PyTorch's.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// What rtrain sees here: libtorch, CPU, CUDA, and the precision `auto` resolves to.
+    Doctor(DoctorArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -171,9 +185,20 @@ pub enum BenchCommand {
         warmup: usize,
         #[arg(long, default_value_t = 10)]
         steps: usize,
+        #[arg(long, value_enum, default_value_t = BenchPrecision::Fp32)]
+        precision: BenchPrecision,
+        /// Channels-last (NHWC) input and convolution weights.
+        #[arg(long)]
+        channels_last: bool,
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum BenchPrecision {
+    Fp32,
+    Bf16,
 }
 
 fn parse_arch(name: &str) -> Result<Arch, String> {
@@ -190,19 +215,36 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Predict(args) => cmd_predict(args),
         Command::Export(args) => cmd_export(args),
         Command::Data(command) => cmd_data(command),
+        Command::Doctor(args) => cmd_doctor(args),
         Command::Config(ConfigCommand::Show(args)) => {
             print!("{}", args.load()?.show()?);
             Ok(())
         }
-        Command::Bench(BenchCommand::Step { arch, image_size, batch_size, threads, warmup, steps, json }) => {
-            let result =
-                bench::bench_step(&StepBench { arch, image_size, batch_size, threads, warmup, steps })?;
+        Command::Bench(BenchCommand::Step {
+            arch,
+            image_size,
+            batch_size,
+            threads,
+            warmup,
+            steps,
+            precision,
+            channels_last,
+            json,
+        }) => {
+            let precision = match precision {
+                BenchPrecision::Fp32 => Precision::Fp32,
+                BenchPrecision::Bf16 => Precision::Bf16,
+            };
+            let compute = Compute { precision, channels_last, device: Device::Cpu };
+            let options = StepBench { arch, image_size, batch_size, threads, warmup, steps, compute };
+            let result = bench::bench_step(&options)?;
             if json {
                 println!("{}", serde_json::to_string(&result)?);
             } else {
                 println!(
-                    "{} {}x{} batch {} threads {}: {:.1} img/s (median step {:.1} ms over {} steps)",
+                    "{} {} {}x{} batch {} threads {}: {:.1} img/s (median step {:.1} ms over {} steps)",
                     result.arch,
+                    compute,
                     image_size,
                     image_size,
                     batch_size,
@@ -280,6 +322,8 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
     let config = args.config.load()?.config;
     train::set_threads(config.train.threads);
     let (model, meta) = load_checkpoint_model(&args.checkpoint)?;
+    let (compute, _) = train::compute_for(&config, Device::Cpu);
+    train::prepare_model(&model, &compute)?;
     let dir = config.data.root.join(&config.data.val_split);
     let dataset = ImageFolder::open(&dir)?;
     if dataset.classes != meta.classes {
@@ -295,6 +339,7 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
         Arc::new(dataset),
         train::eval_transform(&config),
         train::loader_options(&config, config.eval_batch_size()),
+        &compute,
     )?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -315,6 +360,8 @@ fn cmd_predict(args: PredictArgs) -> Result<()> {
     let config = args.config.load()?.config;
     train::set_threads(config.train.threads);
     let (model, meta) = load_checkpoint_model(&args.checkpoint)?;
+    let (compute, _) = train::compute_for(&config, Device::Cpu);
+    train::prepare_model(&model, &compute)?;
     let transform = train::eval_transform(&config);
     let size = i64::from(config.data.image_size);
     let mut results = Vec::new();
@@ -324,8 +371,11 @@ fn cmd_predict(args: PredictArgs) -> Result<()> {
         let mut pixels = vec![0f32; 3 * (size * size) as usize];
         let mut rng = transforms::sample_rng(0, 0, 0);
         transforms::apply(&image, &transform, &mut rng, &mut pixels);
-        let input = Tensor::from_slice(&pixels).view([1, 3, size, size]);
-        let probabilities = tch::no_grad(|| model.forward_t(&input, false).softmax(-1, Kind::Float));
+        let input = compute.input(&Tensor::from_slice(&pixels).view([1, 3, size, size]))?;
+        let probabilities = tch::no_grad(|| -> Result<Tensor> {
+            let _autocast = compute.autocast()?;
+            Ok(model.forward_t(&input, false).softmax(-1, Kind::Float))
+        })?;
         let probabilities: Vec<f32> = Vec::try_from(probabilities.view([-1]))?;
         let mut ranked: Vec<(usize, f32)> = probabilities.iter().copied().enumerate().collect();
         ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
@@ -343,6 +393,43 @@ fn cmd_predict(args: PredictArgs) -> Result<()> {
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&results)?);
+    }
+    Ok(())
+}
+
+fn cmd_doctor(args: DoctorArgs) -> Result<()> {
+    let config = args.config.load()?.config;
+    let device = if tch::Cuda::is_available() { Device::Cuda(0) } else { Device::Cpu };
+    let (compute, why) = train::compute_for(&config, device);
+    let report = serde_json::json!({
+        "rtrain": env!("CARGO_PKG_VERSION"),
+        "libtorch": LIBTORCH_VERSION,
+        "cpu": {
+            "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            "native_bf16": precision::cpu_has_native_bf16(),
+        },
+        "cuda": {
+            "available": tch::Cuda::is_available(),
+            "devices": tch::Cuda::device_count(),
+            "cudnn": tch::Cuda::cudnn_is_available(),
+        },
+        "compute": {
+            "device": format!("{device:?}"),
+            "precision": compute.precision.to_string(),
+            "precision_reason": why,
+            "channels_last": compute.channels_last,
+        },
+    });
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("rtrain {} on libtorch {LIBTORCH_VERSION}", env!("CARGO_PKG_VERSION"));
+        println!("cpu: {} cores, native bf16: {}", report["cpu"]["cores"], report["cpu"]["native_bf16"]);
+        println!(
+            "cuda: available {}, {} device(s), cuDNN {}",
+            report["cuda"]["available"], report["cuda"]["devices"], report["cuda"]["cudnn"]
+        );
+        println!("compute: {compute} ({why})");
     }
     Ok(())
 }

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::model::Arch;
+use crate::precision::PrecisionSetting;
 
 /// Where the built-in synthetic damage-level data is generated on first use.
 pub const DEFAULT_DATA_ROOT: &str = "data/synth-damage";
@@ -157,6 +158,10 @@ pub struct TrainConfig {
     pub log_every_steps: u64,
     /// Cap on steps per epoch, 0 for none (quick checks and benchmarks).
     pub max_steps_per_epoch: u64,
+    /// fp32, bf16 (autocast, fp32 master weights) or auto (bf16 where native).
+    pub precision: PrecisionSetting,
+    /// Channels-last (NHWC) activations and convolution weights.
+    pub channels_last: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -239,6 +244,8 @@ impl Default for TrainConfig {
             threads: 0,
             log_every_steps: 10,
             max_steps_per_epoch: 0,
+            precision: PrecisionSetting::Auto,
+            channels_last: true,
         }
     }
 }

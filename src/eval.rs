@@ -10,6 +10,15 @@ use crate::data::folder::{DataError, ImageFolder};
 use crate::data::loader::{Loader, LoaderOptions};
 use crate::data::transforms::Transform;
 use crate::model::Model;
+use crate::precision::{Compute, ShimError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Shim(#[from] ShimError),
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EvalReport {
@@ -78,7 +87,8 @@ pub fn evaluate(
     dataset: Arc<ImageFolder>,
     transform: Transform,
     options: LoaderOptions,
-) -> Result<EvalReport, DataError> {
+    compute: &Compute,
+) -> Result<EvalReport, EvalError> {
     let order: Vec<usize> = (0..dataset.len()).collect();
     let loader =
         Loader::new(dataset, order, transform, 0, 0, 0, LoaderOptions { drop_last: false, ..options });
@@ -86,7 +96,9 @@ pub fn evaluate(
     tch::no_grad(|| {
         for batch in loader {
             let batch = batch?;
-            let logits = model.forward_t(&batch.images, false);
+            let images = compute.input(&batch.images)?;
+            let _autocast = compute.autocast()?;
+            let logits = model.forward_t(&images, false);
             let loss = logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::Sum, -100, 0.0);
             let predictions = logits.argmax(-1, false);
             let labels: Vec<i64> = Vec::try_from(&batch.labels).unwrap_or_default();

@@ -14,6 +14,7 @@ pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod optim;
+pub mod precision;
 pub mod resnet;
 pub mod sampler;
 pub mod tensor_io;

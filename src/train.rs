@@ -24,6 +24,7 @@ use crate::eval::{self, EvalReport};
 use crate::metrics::{MetricsError, MetricsLog, StepRecord};
 use crate::model::{Model, ModelError};
 use crate::optim::{OptimError, Optimizer, Schedule};
+use crate::precision::{self, Compute, ShimError};
 use crate::sampler;
 use crate::tensor_io::{self, TensorIoError};
 
@@ -31,6 +32,8 @@ use crate::tensor_io::{self, TensorIoError};
 pub enum TrainError {
     #[error(transparent)]
     Data(#[from] DataError),
+    #[error(transparent)]
+    Eval(#[from] crate::eval::EvalError),
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]
@@ -53,6 +56,8 @@ pub enum TrainError {
     Diverged { global_step: u64, loss: f64 },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Shim(#[from] ShimError),
 }
 
 /// Where to resume from.
@@ -118,6 +123,19 @@ pub fn loader_options(config: &Config, batch_size: usize) -> LoaderOptions {
     }
 }
 
+/// The configured precision and memory format on this device, with the reason for the
+/// precision (for the log and `rtrain doctor`).
+pub fn compute_for(config: &Config, device: Device) -> (Compute, String) {
+    let (precision, why) = precision::resolve(config.train.precision, device);
+    (Compute { precision, channels_last: config.train.channels_last, device }, why)
+}
+
+/// A model ready to compute as `compute` says (convolution weights in its memory format).
+pub fn prepare_model(model: &Model, compute: &Compute) -> Result<(), ShimError> {
+    let mut params: Vec<Tensor> = model.state_dict().into_values().collect();
+    compute.prepare_parameters(params.iter_mut())
+}
+
 /// libtorch intra-op threads: the configured number, else every core this process may use.
 pub fn set_threads(configured: usize) -> i32 {
     let threads = match configured {
@@ -176,6 +194,7 @@ struct Run<'a> {
     run_dir: PathBuf,
     checkpoints: PathBuf,
     model: Model,
+    compute: Compute,
     optimizer: Optimizer,
     schedule: Schedule,
     classes: Vec<String>,
@@ -216,6 +235,9 @@ pub fn train(config: &Config, run_dir: &Path, resume: Resume) -> Result<Summary,
     if config.model.freeze_backbone {
         model.freeze_backbone();
     }
+    let (compute, why) = compute_for(config, Device::Cpu);
+    prepare_model(&model, &compute)?;
+    tracing::info!("compute: {compute} ({why})");
     let optimizer = Optimizer::new(&config.optim, model.trainable());
 
     let batches_per_epoch = match config.data.drop_last {
@@ -250,6 +272,7 @@ pub fn train(config: &Config, run_dir: &Path, resume: Resume) -> Result<Summary,
         run_dir: run_dir.to_path_buf(),
         checkpoints,
         model,
+        compute,
         optimizer,
         schedule,
         classes,
@@ -289,6 +312,7 @@ pub fn train(config: &Config, run_dir: &Path, resume: Resume) -> Result<Summary,
             val_set.clone(),
             eval_transform(config),
             loader_options(config, config.eval_batch_size()),
+            &run.compute,
         )?;
         run.finish_epoch(epoch, &totals, &report)?;
         final_eval = Some(report);

@@ -1,0 +1,245 @@
+//! Mixed precision and memory format: bf16 autocast around the forward pass and loss (fp32
+//! master weights, optimizer state and gradients), and channels-last (NHWC) tensors.
+//!
+//! tch exposes neither CPU autocast nor memory formats, so both go through a small C++ shim
+//! (`src/shim/shim.cpp`, compiled by build.rs) whose functions catch every C++ exception and
+//! return it as a message. Autocast state is thread-local in libtorch: [`Autocast`] must be
+//! created and dropped on the thread that runs the model.
+
+use std::ffi::{c_char, c_int, CStr};
+use std::marker::PhantomData;
+
+use serde::{Deserialize, Serialize};
+use tch::{Device, Tensor};
+
+mod ffi {
+    use std::ffi::{c_char, c_int};
+    use torch_sys::C_tensor;
+
+    extern "C" {
+        pub fn rtrain_shim_free(message: *mut c_char);
+        pub fn rtrain_autocast_enter(cuda: c_int, enabled: *mut c_int, dtype: *mut c_int) -> *mut c_char;
+        pub fn rtrain_autocast_exit(cuda: c_int, enabled: c_int, dtype: c_int) -> *mut c_char;
+        pub fn rtrain_channels_last(tensor: *const C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
+        pub fn rtrain_param_to_channels_last(param: *mut C_tensor) -> *mut c_char;
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("libtorch ({what}): {message}")]
+pub struct ShimError {
+    what: &'static str,
+    message: String,
+}
+
+/// Turns the shim's returned message (null on success) into a Result, freeing it.
+fn check(what: &'static str, message: *mut c_char) -> Result<(), ShimError> {
+    if message.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a non-null return is a NUL-terminated string the shim malloc'ed for us.
+    let text = unsafe { CStr::from_ptr(message) }.to_string_lossy().into_owned();
+    // SAFETY: freed once, by the function that pairs with the shim's malloc.
+    unsafe { ffi::rtrain_shim_free(message) };
+    Err(ShimError { what, message: text })
+}
+
+/// The configured choice, `train.precision`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PrecisionSetting {
+    /// bf16 where the hardware computes it natively, else fp32.
+    Auto,
+    Fp32,
+    Bf16,
+}
+
+/// What a run computes in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    Fp32,
+    Bf16,
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+        })
+    }
+}
+
+/// Whether this CPU has bf16 arithmetic (AVX512-BF16 or AMX-BF16 on x86, BF16 on Arm), read
+/// from /proc/cpuinfo; without it, autocast to bf16 would emulate and run slower than fp32.
+pub fn cpu_has_native_bf16() -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else { return false };
+    info.lines()
+        .filter(|l| l.starts_with("flags") || l.starts_with("Features"))
+        .flat_map(|l| l.split_whitespace())
+        .any(|flag| matches!(flag, "avx512_bf16" | "amx_bf16" | "bf16"))
+}
+
+/// Resolves `auto` for a device, with the reason, for the log and `rtrain doctor`.
+pub fn resolve(setting: PrecisionSetting, device: Device) -> (Precision, String) {
+    match setting {
+        PrecisionSetting::Fp32 => (Precision::Fp32, "train.precision = \"fp32\"".into()),
+        PrecisionSetting::Bf16 => (Precision::Bf16, "train.precision = \"bf16\"".into()),
+        PrecisionSetting::Auto => match device {
+            Device::Cuda(_) => (Precision::Bf16, "auto: CUDA computes bf16 natively".into()),
+            _ if cpu_has_native_bf16() => {
+                (Precision::Bf16, "auto: this CPU computes bf16 natively (avx512_bf16 or amx_bf16)".into())
+            }
+            _ => (Precision::Fp32, "auto: this CPU has no native bf16 instructions".into()),
+        },
+    }
+}
+
+/// bf16 autocast on the current thread for as long as it lives (a no-op for fp32).
+pub struct Autocast {
+    active: Option<(c_int, c_int, c_int)>,
+    /// Autocast state is per thread: the guard must end on the thread that began it.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Autocast {
+    pub fn new(precision: Precision, device: Device) -> Result<Autocast, ShimError> {
+        if precision == Precision::Fp32 {
+            return Ok(Autocast { active: None, _not_send: PhantomData });
+        }
+        let cuda = c_int::from(device.is_cuda());
+        let (mut enabled, mut dtype) = (0, 0);
+        // SAFETY: plain out-parameters; the shim catches all C++ exceptions.
+        check("autocast enter", unsafe { ffi::rtrain_autocast_enter(cuda, &mut enabled, &mut dtype) })?;
+        Ok(Autocast { active: Some((cuda, enabled, dtype)), _not_send: PhantomData })
+    }
+}
+
+impl Drop for Autocast {
+    fn drop(&mut self) {
+        if let Some((cuda, enabled, dtype)) = self.active.take() {
+            // SAFETY: pairs with the enter above, on the same thread (Autocast is !Send).
+            if let Err(error) =
+                check("autocast exit", unsafe { ffi::rtrain_autocast_exit(cuda, enabled, dtype) })
+            {
+                tracing::error!("{error}");
+            }
+        }
+    }
+}
+
+/// How a run computes: precision and memory format, applied the same way by training,
+/// evaluation, prediction and benchmarks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compute {
+    pub precision: Precision,
+    pub channels_last: bool,
+    pub device: Device,
+}
+
+impl Compute {
+    pub fn fp32_cpu() -> Compute {
+        Compute { precision: Precision::Fp32, channels_last: false, device: Device::Cpu }
+    }
+
+    /// The input batch in the run's memory format.
+    pub fn input(&self, images: &Tensor) -> Result<Tensor, ShimError> {
+        if self.channels_last {
+            channels_last(images)
+        } else {
+            Ok(images.shallow_clone())
+        }
+    }
+
+    /// Autocast for the forward pass and loss; drop it before backward.
+    pub fn autocast(&self) -> Result<Autocast, ShimError> {
+        Autocast::new(self.precision, self.device)
+    }
+
+    /// Puts the 4-d parameters (convolution weights) in the run's memory format; call before
+    /// the optimizer's first step so its state takes the same layout.
+    pub fn prepare_parameters<'a>(
+        &self,
+        params: impl IntoIterator<Item = &'a mut Tensor>,
+    ) -> Result<(), ShimError> {
+        if self.channels_last {
+            for param in params.into_iter().filter(|p| p.dim() == 4) {
+                param_to_channels_last(param)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for Compute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let layout = if self.channels_last { "channels-last" } else { "NCHW" };
+        write!(f, "{} {layout} on {:?}", self.precision, self.device)
+    }
+}
+
+/// A channels-last version of a 4-d tensor (the same tensor if it already is).
+pub fn channels_last(tensor: &Tensor) -> Result<Tensor, ShimError> {
+    let mut out = std::ptr::null_mut();
+    // SAFETY: `tensor` is a live tensor; on success `out` is a new at::Tensor we now own.
+    check("channels_last", unsafe { ffi::rtrain_channels_last(tensor.as_ptr(), &mut out) })?;
+    // SAFETY: `out` was allocated by the shim with `new at::Tensor`, as from_ptr expects.
+    Ok(unsafe { Tensor::from_ptr(out) })
+}
+
+/// Converts a 4-d parameter to channels-last in place (same tensor identity).
+pub fn param_to_channels_last(param: &mut Tensor) -> Result<(), ShimError> {
+    // SAFETY: `param` is a live tensor; set_data keeps its identity.
+    check("channels_last", unsafe { ffi::rtrain_param_to_channels_last(param.as_mut_ptr()) })
+}
+
+/// Whether a 4-d tensor is laid out channels-last (channel stride 1).
+pub fn is_channels_last(tensor: &Tensor) -> bool {
+    tensor.dim() == 4 && tensor.stride()[1] == 1 && tensor.size()[1] > 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Kind;
+
+    #[test]
+    fn autocast_runs_matmul_in_bf16_and_restores() {
+        let a = Tensor::randn([8, 8], (Kind::Float, Device::Cpu));
+        {
+            let _guard = Autocast::new(Precision::Bf16, Device::Cpu).unwrap();
+            assert_eq!(a.matmul(&a).kind(), Kind::BFloat16);
+        }
+        assert_eq!(a.matmul(&a).kind(), Kind::Float, "autocast must end with the guard");
+        let _none = Autocast::new(Precision::Fp32, Device::Cpu).unwrap();
+        assert_eq!(a.matmul(&a).kind(), Kind::Float);
+    }
+
+    #[test]
+    fn channels_last_keeps_values_and_identity() {
+        let x = Tensor::randn([2, 3, 4, 5], (Kind::Float, Device::Cpu));
+        let y = channels_last(&x).unwrap();
+        assert!(is_channels_last(&y) && !is_channels_last(&x));
+        assert!(x.equal(&y));
+        let mut param = x.copy();
+        let alias = param.shallow_clone();
+        param_to_channels_last(&mut param).unwrap();
+        assert!(is_channels_last(&alias), "set_data changes the shared tensor");
+        assert!(alias.equal(&x));
+    }
+
+    #[test]
+    fn shim_errors_become_messages() {
+        let x = Tensor::randn([3], (Kind::Float, Device::Cpu));
+        let err = channels_last(&x).expect_err("a 1-d tensor cannot be channels-last").to_string();
+        assert!(err.contains("channels_last"), "{err}");
+    }
+
+    #[test]
+    fn explicit_settings_are_kept() {
+        assert_eq!(resolve(PrecisionSetting::Fp32, Device::Cpu).0, Precision::Fp32);
+        assert_eq!(resolve(PrecisionSetting::Bf16, Device::Cpu).0, Precision::Bf16);
+        assert_eq!(resolve(PrecisionSetting::Auto, Device::Cuda(0)).0, Precision::Bf16);
+    }
+}

@@ -1,0 +1,80 @@
+// rtrain's bridge to the parts of libtorch that tch does not expose: CPU/CUDA autocast with a
+// chosen dtype, and the channels-last memory format. Every entry point catches every C++
+// exception and returns it as a message (nullptr on success), which Rust turns into an error;
+// nothing may unwind into Rust.
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+
+#include <cstring>
+#include <exception>
+#include <string>
+
+namespace {
+
+char* copy_message(const std::string& message) {
+  char* out = static_cast<char*>(std::malloc(message.size() + 1));
+  if (out != nullptr) {
+    std::memcpy(out, message.c_str(), message.size() + 1);
+  }
+  return out;
+}
+
+template <typename F>
+char* guarded(F&& body) {
+  try {
+    body();
+    return nullptr;
+  } catch (const std::exception& e) {
+    return copy_message(e.what());
+  } catch (...) {
+    return copy_message("unknown C++ exception");
+  }
+}
+
+at::DeviceType device_type(int cuda) { return cuda != 0 ? at::kCUDA : at::kCPU; }
+
+}  // namespace
+
+extern "C" {
+
+void rtrain_shim_free(char* message) { std::free(message); }
+
+// Enters autocast to bfloat16 on this thread, as Python's `torch.autocast(..., dtype=bf16)`
+// does: remembers the previous state for the matching exit and raises the nesting count.
+char* rtrain_autocast_enter(int cuda, int* previous_enabled, int* previous_dtype) {
+  return guarded([&] {
+    auto device = device_type(cuda);
+    *previous_enabled = at::autocast::is_autocast_enabled(device) ? 1 : 0;
+    *previous_dtype = static_cast<int>(at::autocast::get_autocast_dtype(device));
+    at::autocast::set_autocast_enabled(device, true);
+    at::autocast::set_autocast_dtype(device, at::kBFloat16);
+    at::autocast::increment_nesting();
+  });
+}
+
+// Leaves autocast: at the outermost exit the cached low-precision copies of the weights are
+// dropped (else the next step would see stale weights), then the previous state is restored.
+char* rtrain_autocast_exit(int cuda, int previous_enabled, int previous_dtype) {
+  return guarded([&] {
+    auto device = device_type(cuda);
+    if (at::autocast::decrement_nesting() == 0) {
+      at::autocast::clear_cache();
+    }
+    at::autocast::set_autocast_enabled(device, previous_enabled != 0);
+    at::autocast::set_autocast_dtype(device, static_cast<at::ScalarType>(previous_dtype));
+  });
+}
+
+// A channels-last copy (or the tensor itself if already so) of a 4-d tensor, as a new
+// at::Tensor that the caller owns (tch's Tensor::from_ptr takes it over).
+char* rtrain_channels_last(const at::Tensor* tensor, at::Tensor** out) {
+  return guarded([&] { *out = new at::Tensor(tensor->contiguous(at::MemoryFormat::ChannelsLast)); });
+}
+
+// Makes a parameter's data channels-last in place, keeping its identity (and so the optimizer's
+// and the autograd graph's references to it).
+char* rtrain_param_to_channels_last(at::Tensor* param) {
+  return guarded([&] { param->set_data(param->contiguous(at::MemoryFormat::ChannelsLast)); });
+}
+
+}  // extern "C"
