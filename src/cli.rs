@@ -15,6 +15,7 @@ use crate::config::{Config, LoadedConfig, DEFAULT_DATA_ROOT};
 use crate::data::folder::ImageFolder;
 use crate::data::{idx, synth, transforms};
 use crate::eval;
+use crate::launcher;
 use crate::logging::{self, LogFormat};
 use crate::model::{Arch, Model};
 use crate::precision::{self, Compute, Precision};
@@ -260,6 +261,7 @@ pub fn run(cli: Cli) -> Result<()> {
 }
 
 fn cmd_train(args: TrainArgs) -> Result<()> {
+    refuse_multi_process_launch()?;
     let config = args.config.load()?.config;
     ensure_default_data(&config)?;
     let run_dir = args.run_dir.unwrap_or_else(|| default_run_dir(&config));
@@ -277,6 +279,24 @@ fn cmd_train(args: TrainArgs) -> Result<()> {
     }
     train::train(&config, &run_dir, resume)?;
     println!("{}", run_dir.join("summary.json").display());
+    Ok(())
+}
+
+/// This build trains in one process. Started as one of several ranks (mpirun -np 2, srun,
+/// torchrun), every rank would train alone and all would write the same run directory, so
+/// refuse instead of running silently wrong.
+fn refuse_multi_process_launch() -> Result<()> {
+    if let Some(info) = launcher::detect_from_process()? {
+        if info.world_size > 1 {
+            bail!(
+                "launched by {} as rank {} of {}, but this rtrain trains in a single process (multi-process \
+                 data parallelism is not built yet); start one process",
+                info.launcher,
+                info.rank,
+                info.world_size
+            );
+        }
+    }
     Ok(())
 }
 

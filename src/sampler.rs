@@ -1,5 +1,6 @@
-//! Which samples an epoch visits, in which order: a pure function of (seed, epoch), so every
-//! process and every resumed run agrees on it without saved state.
+//! Which samples an epoch visits, in which order, and on which rank: a pure function of
+//! (seed, epoch, rank, world), so every process and every resumed run agrees on it without
+//! saved state or communication.
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -21,9 +22,84 @@ pub fn epoch_permutation(len: usize, seed: u64, epoch: u64) -> Vec<usize> {
     order
 }
 
+/// What to do when the dataset does not divide evenly among the ranks. Either way every rank
+/// gets the same number of samples, so no rank waits in a collective for one that has finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnevenTail {
+    /// Repeat samples from the start of the permutation, as PyTorch's DistributedSampler does.
+    Pad,
+    /// Leave out the last `len % world` samples of the permutation.
+    Drop,
+}
+
+/// This rank's samples for the epoch: the strided part `rank, rank + world, ...` of the epoch
+/// permutation, after padding or dropping its tail so that all ranks get the same count.
+///
+/// With strided parts, step k's global batch (the union over ranks) is a contiguous chunk of
+/// the permutation, the same samples one process with `world` times the batch would see.
+pub fn rank_shard(order: &[usize], rank: usize, world: usize, tail: UnevenTail) -> Vec<usize> {
+    if world <= 1 {
+        return order.to_vec();
+    }
+    let total = match tail {
+        UnevenTail::Pad => order.len().div_ceil(world) * world,
+        UnevenTail::Drop => order.len() / world * world,
+    };
+    (rank..total).step_by(world).map(|i| order[i % order.len().max(1)]).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shards_are_disjoint_complete_and_equal_with_drop() {
+        let order = epoch_permutation(103, 9, 0);
+        let world = 4;
+        let shards: Vec<Vec<usize>> =
+            (0..world).map(|r| rank_shard(&order, r, world, UnevenTail::Drop)).collect();
+        assert!(shards.iter().all(|s| s.len() == 25), "103 / 4 rounds down to 25 each");
+        let mut seen: Vec<usize> = shards.concat();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 100, "disjoint: no sample on two ranks");
+    }
+
+    #[test]
+    fn padding_repeats_the_start_like_distributed_sampler() {
+        let order: Vec<usize> = (0..10).collect();
+        let shards: Vec<Vec<usize>> = (0..4).map(|r| rank_shard(&order, r, 4, UnevenTail::Pad)).collect();
+        // torch.utils.data.DistributedSampler(range(10), 4, r, shuffle=False): indices + [0, 1],
+        // then indices[r::4].
+        assert_eq!(shards, vec![vec![0, 4, 8], vec![1, 5, 9], vec![2, 6, 0], vec![3, 7, 1]]);
+        let mut all: Vec<usize> = shards.concat();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 10, "every sample is visited");
+    }
+
+    #[test]
+    fn global_batches_are_contiguous_chunks_of_the_permutation() {
+        let order = epoch_permutation(64, 1, 3);
+        let (world, batch) = (2, 4);
+        let shards: Vec<Vec<usize>> =
+            (0..world).map(|r| rank_shard(&order, r, world, UnevenTail::Pad)).collect();
+        for step in 0..64 / (world * batch) {
+            let mut union: Vec<usize> =
+                shards.iter().flat_map(|s| s[step * batch..(step + 1) * batch].iter().copied()).collect();
+            let mut chunk = order[step * world * batch..(step + 1) * world * batch].to_vec();
+            union.sort_unstable();
+            chunk.sort_unstable();
+            assert_eq!(union, chunk, "step {step}");
+        }
+    }
+
+    #[test]
+    fn one_rank_sees_everything() {
+        let order = epoch_permutation(7, 0, 0);
+        assert_eq!(rank_shard(&order, 0, 1, UnevenTail::Drop), order);
+    }
 
     #[test]
     fn permutation_is_complete_and_seed_stable() {

@@ -285,6 +285,15 @@ fn configuration_errors_name_the_key_and_exit_2() {
         .assert()
         .success()
         .stdout(predicate::str::contains("epochs = 7  # environment"));
+    // Launched as one of several ranks, this single-process build refuses rather than training
+    // alone in every rank.
+    common::rtrain(dir.path())
+        .args(["train"])
+        .env("OMPI_COMM_WORLD_RANK", "1")
+        .env("OMPI_COMM_WORLD_SIZE", "2")
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("OpenMPI (mpirun) as rank 1 of 2"));
     // A user's data path that does not exist is an error naming it, never a synthetic run.
     common::rtrain(dir.path())
         .args(["train", "--set", "data.root=\"nowhere\""])
