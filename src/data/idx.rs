@@ -102,9 +102,9 @@ pub enum IdxError {
     /// The split name cannot serve as a folder name.
     #[error("invalid split name {0:?}: it must be one plain path component such as \"train\"")]
     Split(String),
-    /// OUT/<split> is there already, holding something we must not overwrite.
-    #[error("{}: already exists and is not an empty directory; refusing to overwrite it", path.display())]
-    OutputExists { path: PathBuf },
+    /// Staging or publishing the output directory failed (it exists, or a rename failed).
+    #[error(transparent)]
+    Publish(#[from] AtomicDirError),
     /// The PNG encoder rejected an image.
     #[error("{}: cannot encode PNG", path.display())]
     Encode {
@@ -112,32 +112,12 @@ pub enum IdxError {
         #[source]
         source: image::ImageError,
     },
-    /// Moving the finished temporary tree into place failed.
-    #[error("cannot rename {} to {}", from.display(), to.display())]
-    Rename {
-        from: PathBuf,
-        to: PathBuf,
-        #[source]
-        source: io::Error,
-    },
     /// A worker thread could not be started.
     #[error("cannot start a PNG-writing thread")]
     Thread(#[source] io::Error),
     /// A worker thread panicked; that is a bug in this module, not a problem with the input.
     #[error("a PNG-writing thread panicked")]
     WorkerPanicked,
-}
-
-/// Publication errors keep the variants this enum has always had, so callers that match on
-/// [`IdxError::OutputExists`] see no difference.
-impl From<AtomicDirError> for IdxError {
-    fn from(err: AtomicDirError) -> Self {
-        match err {
-            AtomicDirError::OutputExists { path } => IdxError::OutputExists { path },
-            AtomicDirError::Io { path, action, source } => IdxError::Io { path, action, source },
-            AtomicDirError::Rename { from, to, source } => IdxError::Rename { from, to, source },
-        }
-    }
 }
 
 /// Reads an IDX image file (magic 0x00000803, unsigned bytes `[n, rows, cols]`), gzipped when
@@ -628,7 +608,7 @@ mod tests {
         fs::create_dir_all(out.join("train")).unwrap();
         fs::write(out.join("train/keep"), b"x").unwrap();
         let err = import(&imgs, &labs, &out, "train", None, None).unwrap_err();
-        assert!(matches!(err, IdxError::OutputExists { .. }), "{err:?}");
+        assert!(matches!(err, IdxError::Publish(AtomicDirError::OutputExists { .. })), "{err:?}");
         assert!(err.to_string().contains(&out.join("train").display().to_string()));
         // Another split next to it is fine, and an empty directory is replaced.
         fs::create_dir_all(out.join("val")).unwrap();

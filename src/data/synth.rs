@@ -68,9 +68,9 @@ pub enum SynthError {
     /// The options cannot produce a usable dataset.
     #[error("invalid synthetic dataset options: {0}")]
     InvalidOptions(String),
-    /// OUT is there already, holding something we must not overwrite.
-    #[error("{}: already exists and is not an empty directory; refusing to overwrite it", path.display())]
-    OutputExists { path: PathBuf },
+    /// Staging or publishing the output directory failed (it exists, or a rename failed).
+    #[error(transparent)]
+    Publish(#[from] AtomicDirError),
     /// A filesystem operation on `path` failed.
     #[error("{}: cannot {action}", path.display())]
     Io {
@@ -86,32 +86,12 @@ pub enum SynthError {
         #[source]
         source: image::ImageError,
     },
-    /// Moving the finished temporary tree into place failed.
-    #[error("cannot rename {} to {}", from.display(), to.display())]
-    Rename {
-        from: PathBuf,
-        to: PathBuf,
-        #[source]
-        source: io::Error,
-    },
     /// A worker thread could not be started.
     #[error("cannot start an image-generation thread")]
     Thread(#[source] io::Error),
     /// A worker thread panicked; that is a bug in this module, not a problem with the input.
     #[error("an image-generation thread panicked")]
     WorkerPanicked,
-}
-
-/// Publication errors keep the variants this enum has always had, so callers that match on
-/// [`SynthError::OutputExists`] see no difference.
-impl From<AtomicDirError> for SynthError {
-    fn from(err: AtomicDirError) -> Self {
-        match err {
-            AtomicDirError::OutputExists { path } => SynthError::OutputExists { path },
-            AtomicDirError::Io { path, action, source } => SynthError::Io { path, action, source },
-            AtomicDirError::Rename { from, to, source } => SynthError::Rename { from, to, source },
-        }
-    }
 }
 
 /// Writes the dataset described by `options` to `out` and returns how many images it wrote.
@@ -1187,7 +1167,7 @@ mod tests {
         fs::create_dir(&out).unwrap();
         fs::write(out.join("keep.txt"), b"precious").unwrap();
         let err = generate(&out, &small()).unwrap_err();
-        assert!(matches!(err, SynthError::OutputExists { .. }), "{err:?}");
+        assert!(matches!(err, SynthError::Publish(AtomicDirError::OutputExists { .. })), "{err:?}");
         assert!(err.to_string().contains(&out.display().to_string()), "{err}");
         assert_eq!(fs::read(out.join("keep.txt")).unwrap(), b"precious");
         // No temporary directory left behind.
