@@ -57,6 +57,14 @@ impl Optimizer {
         self.steps += 1;
         let steps = self.steps;
         let config = self.config.clone();
+        // SGD's multipliers as 0-dim tensors, made once per step rather than once per parameter.
+        let kind = self.slots.first().map_or(tch::Kind::Float, |slot| slot.param.kind());
+        let scalar = |value: f64| Tensor::from(value).to_kind(kind);
+        let sgd = SgdScalars {
+            weight_decay: scalar(config.weight_decay),
+            momentum: scalar(config.momentum),
+            neg_lr: scalar(-lr),
+        };
         tch::no_grad(|| {
             for slot in &mut self.slots {
                 let grad = slot.param.grad();
@@ -64,7 +72,7 @@ impl Optimizer {
                     continue;
                 }
                 match config.name {
-                    OptimKind::Sgd => sgd_update(&config, lr, slot, &grad)?,
+                    OptimKind::Sgd => sgd_update(&config, &sgd, slot, &grad)?,
                     OptimKind::Adamw => adamw_update(&config, lr, steps, slot, &grad)?,
                 }
             }
@@ -134,16 +142,22 @@ impl Optimizer {
     }
 }
 
+/// SGD's per-step multipliers, as the 0-dim tensors `addcmul_` takes.
+struct SgdScalars {
+    weight_decay: Tensor,
+    momentum: Tensor,
+    neg_lr: Tensor,
+}
+
 /// torch.optim.SGD, single-tensor path (dampening 0).
 ///
 /// Same arithmetic as PyTorch, in four passes and no allocation after the first step: `x + a*y`
 /// is `x.addcmul_(y, a)` with `a` a 0-dim tensor (tch has no `alpha` argument), and the gradient
 /// is updated in place since nothing reads it after the step.
-fn sgd_update(config: &OptimConfig, lr: f64, slot: &mut Slot, grad: &Tensor) -> Result<(), TchError> {
-    let scalar = |value: f64| Tensor::from(value).to_kind(slot.param.kind());
+fn sgd_update(config: &OptimConfig, s: &SgdScalars, slot: &mut Slot, grad: &Tensor) -> Result<(), TchError> {
     let mut d_p = grad.shallow_clone();
     if config.weight_decay != 0.0 {
-        let _ = d_p.f_addcmul_(&slot.param, &scalar(config.weight_decay))?;
+        let _ = d_p.f_addcmul_(&slot.param, &s.weight_decay)?;
     }
     if config.momentum != 0.0 {
         match slot.state.first_mut() {
@@ -155,12 +169,12 @@ fn sgd_update(config: &OptimConfig, lr: f64, slot: &mut Slot, grad: &Tensor) -> 
         }
         let buf = &slot.state[0];
         if config.nesterov {
-            let _ = d_p.f_addcmul_(buf, &scalar(config.momentum))?;
+            let _ = d_p.f_addcmul_(buf, &s.momentum)?;
         } else {
             d_p = buf.shallow_clone();
         }
     }
-    let _ = slot.param.f_addcmul_(&d_p, &scalar(-lr))?;
+    let _ = slot.param.f_addcmul_(&d_p, &s.neg_lr)?;
     Ok(())
 }
 

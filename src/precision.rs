@@ -139,10 +139,6 @@ pub struct Compute {
 }
 
 impl Compute {
-    pub fn fp32_cpu() -> Compute {
-        Compute { precision: Precision::Fp32, channels_last: false, device: Device::Cpu }
-    }
-
     /// The input batch in the run's memory format.
     pub fn input(&self, images: &Tensor) -> Result<Tensor, ShimError> {
         if self.channels_last {
