@@ -3,7 +3,8 @@
 //!
 //! torch-sys (a direct dependency for this reason) announces the libtorch library directory
 //! through its `links` metadata; the headers sit beside it. We bake the directory into every
-//! binary's rpath. A `cuda` build also forces `libtorch.so` to be linked: as-needed linking
+//! binary's rpath. With the `mpi` feature, a one-line C file gives Rust the MPI library's
+//! `MPI_IN_PLACE`, which differs between implementations. A `cuda` build also forces `libtorch.so` to be linked: as-needed linking
 //! would otherwise drop `libtorch_cuda`, which no symbol references, and CUDA would silently
 //! report itself unavailable.
 
@@ -12,6 +13,7 @@ use std::path::PathBuf;
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/shim/shim.cpp");
+    println!("cargo:rerun-if-changed=src/shim/mpi_in_place.c");
     let lib_dir = PathBuf::from(
         std::env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys did not report its libtorch directory"),
     );
@@ -30,9 +32,26 @@ fn main() {
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
+    #[cfg(feature = "mpi")]
+    compile_mpi_shim();
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
         println!("cargo:rustc-link-arg=-ltorch");
         println!("cargo:rustc-link-arg=-Wl,--as-needed");
     }
+}
+
+/// `MPI_IN_PLACE` for the MPI library the `mpi` crate found (the same probe it uses).
+#[cfg(feature = "mpi")]
+fn compile_mpi_shim() {
+    let library = match build_probe_mpi::probe() {
+        Ok(library) => library,
+        Err(errors) => panic!("the mpi feature needs an MPI library (e.g. libopenmpi-dev): {errors:?}"),
+    };
+    let mut build = cc::Build::new();
+    build.file("src/shim/mpi_in_place.c");
+    for include in &library.include_paths {
+        build.include(include);
+    }
+    build.compile("rtrain_mpi_shim");
 }

@@ -3,6 +3,11 @@
 //! `bench step` times the training step alone (forward, loss, backward, SGD update) on random
 //! input, exactly what bench/step_reference.py times in PyTorch eager (also in bf16 autocast
 //! and channels-last), so the ratio of the two isolates the framework from data loading.
+//!
+//! `bench allreduce` (under mpirun) times the gradient all-reduce alone: a model's gradients in
+//! the buckets training would use, summed over all ranks, per bucket size. It reports
+//! algorithm bandwidth (bytes / time) and bus bandwidth (x 2(p-1)/p, the NCCL-tests convention:
+//! the traffic each link carries, comparable with the link's rate).
 
 use std::time::Instant;
 
@@ -10,6 +15,8 @@ use serde::Serialize;
 use tch::{Device, Kind, Reduction, Tensor};
 
 use crate::config::Config;
+use crate::dist::grad_sync::{bucket_layout, FIRST_BUCKET_BYTES};
+use crate::dist::Communicator;
 use crate::model::{Arch, Model, ModelError};
 use crate::optim::{OptimError, Optimizer};
 use crate::precision::{Compute, ShimError};
@@ -62,7 +69,7 @@ pub fn median(values: &[f64]) -> f64 {
 }
 
 pub fn bench_step(options: &StepBench) -> Result<StepBenchResult, BenchError> {
-    let threads = crate::train::set_threads(options.threads);
+    let threads = crate::train::set_threads(options.threads, 1);
     tch::manual_seed(0);
     let num_classes = 10;
     let model = Model::new(options.arch, num_classes, Device::Cpu)?;
@@ -98,6 +105,69 @@ pub fn bench_step(options: &StepBench) -> Result<StepBenchResult, BenchError> {
         images_per_second: options.batch_size as f64 / median_step_seconds,
         median_step_seconds,
         step_seconds,
+    })
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AllreduceBenchResult {
+    pub arch: String,
+    pub world_size: usize,
+    pub nodes: usize,
+    pub gradient_bytes: usize,
+    pub bucket_mb: f64,
+    pub buckets: usize,
+    pub seconds: Vec<f64>,
+    pub median_seconds: f64,
+    /// Gradient bytes per second, in Gbit/s.
+    pub algbw_gbit: f64,
+    /// algbw x 2(p-1)/p, in Gbit/s: what each rank's link carried.
+    pub busbw_gbit: f64,
+}
+
+/// Times the all-reduce of `arch`'s trainable gradients in buckets of `bucket_mb`, as the
+/// communication thread runs it: every bucket in turn, blocking. A collective: all ranks call
+/// it with the same arguments. Times are rank 0's, each from a barrier.
+pub fn bench_allreduce(
+    comm: &dyn Communicator,
+    arch: Arch,
+    bucket_mb: f64,
+    warmup: usize,
+    iterations: usize,
+) -> Result<AllreduceBenchResult, BenchError> {
+    let model = Model::new(arch, 1000, Device::Cpu)?;
+    let numels: Vec<usize> = model.trainable().iter().map(|(_, t)| t.numel()).collect();
+    let order: Vec<usize> = (0..numels.len()).rev().collect();
+    let cap = (bucket_mb * 1024.0 * 1024.0) as usize;
+    let layout = bucket_layout(&numels, &order, FIRST_BUCKET_BYTES.min(cap), cap);
+    let mut buckets: Vec<Vec<f32>> =
+        layout.iter().map(|members| vec![1.0f32; members.iter().map(|&i| numels[i]).sum()]).collect();
+    let gradient_bytes: usize = numels.iter().sum::<usize>() * std::mem::size_of::<f32>();
+    let mut seconds = Vec::with_capacity(iterations);
+    for i in 0..warmup + iterations {
+        comm.barrier();
+        let started = Instant::now();
+        for bucket in &mut buckets {
+            comm.all_reduce_sum_f32(bucket);
+        }
+        if i >= warmup {
+            seconds.push(started.elapsed().as_secs_f64());
+        }
+    }
+    let topology = comm.topology();
+    let median_seconds = median(&seconds);
+    let p = topology.world_size as f64;
+    let algbw_gbit = gradient_bytes as f64 * 8.0 / median_seconds / 1e9;
+    Ok(AllreduceBenchResult {
+        arch: arch.to_string(),
+        world_size: topology.world_size,
+        nodes: topology.nodes,
+        gradient_bytes,
+        bucket_mb,
+        buckets: layout.len(),
+        seconds,
+        median_seconds,
+        algbw_gbit,
+        busbw_gbit: algbw_gbit * 2.0 * (p - 1.0) / p,
     })
 }
 

@@ -14,11 +14,14 @@ use crate::checkpoint;
 use crate::config::{Config, LoadedConfig, DEFAULT_DATA_ROOT};
 use crate::data::folder::ImageFolder;
 use crate::data::{idx, synth, transforms};
+use crate::dist::{self, Communicator};
 use crate::eval;
 use crate::launcher;
 use crate::logging::{self, LogFormat};
 use crate::model::{Arch, Model};
 use crate::precision::{self, Compute, Precision};
+use crate::report;
+use crate::tensor_io;
 
 /// The libtorch release tch 0.26 is built against (scripts/setup installs exactly this).
 const LIBTORCH_VERSION: &str = "2.13.0";
@@ -37,6 +40,10 @@ pub struct Cli {
     pub log_level: Option<String>,
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,
+    /// In a multi-rank job, log at the chosen level on every rank (default: rank 0 logs, the
+    /// others report warnings and errors only).
+    #[arg(long, global = true)]
+    pub log_all_ranks: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -62,6 +69,24 @@ pub enum Command {
     Bench(BenchCommand),
     /// What rtrain sees here: libtorch, CPU, CUDA, and the precision `auto` resolves to.
     Doctor(DoctorArgs),
+    /// Reports over finished runs.
+    Report(ReportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// How training scales: time per epoch, img/s, speed-up and efficiency against the run
+    /// with the fewest ranks.
+    #[arg(long)]
+    pub scaling: bool,
+    /// Run directories (each with summary.json and metrics.jsonl).
+    #[arg(required = true)]
+    pub runs: Vec<PathBuf>,
+    /// Also write the plot (SVG) here.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -194,6 +219,24 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Time the gradient all-reduce per bucket size (run under mpirun; rank 0 prints).
+    Allreduce {
+        /// Models whose gradients to reduce.
+        #[arg(long, value_delimiter = ',', default_value = "resnet18,resnet50", value_parser = parse_arch)]
+        arch: Vec<Arch>,
+        /// Bucket sizes in MiB.
+        #[arg(long, value_delimiter = ',', default_value = "1,5,25,100")]
+        bucket_mb: Vec<f64>,
+        #[arg(long, default_value_t = 2)]
+        warmup: usize,
+        #[arg(long, default_value_t = 5)]
+        iterations: usize,
+        /// The link's rate in Gbit/s, to print bus bandwidth as a share of it.
+        #[arg(long)]
+        link_gbit: Option<f64>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -209,7 +252,10 @@ fn parse_arch(name: &str) -> Result<Arch, String> {
 }
 
 pub fn run(cli: Cli) -> Result<()> {
-    logging::init(cli.log_format, cli.log_level.as_deref());
+    // The launcher's rank (MPI's own view, checked later, must agree) labels every log line.
+    let rank = launcher::detect_from_process().ok().flatten().filter(|l| l.world_size > 1).map(|l| l.rank);
+    logging::init(cli.log_format, cli.log_level.as_deref(), rank, cli.log_all_ranks);
+    let _rank_span = rank.map(|rank| tracing::info_span!("rank", rank).entered());
     match cli.command {
         Command::Train(args) => cmd_train(args),
         Command::Eval(args) => cmd_eval(args),
@@ -217,9 +263,13 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Export(args) => cmd_export(args),
         Command::Data(command) => cmd_data(command),
         Command::Doctor(args) => cmd_doctor(args),
+        Command::Report(args) => cmd_report(args),
         Command::Config(ConfigCommand::Show(args)) => {
             print!("{}", args.load()?.show()?);
             Ok(())
+        }
+        Command::Bench(BenchCommand::Allreduce { arch, bucket_mb, warmup, iterations, link_gbit, json }) => {
+            cmd_bench_allreduce(&arch, &bucket_mb, warmup, iterations, link_gbit, json)
         }
         Command::Bench(BenchCommand::Step {
             arch,
@@ -260,11 +310,101 @@ pub fn run(cli: Cli) -> Result<()> {
     }
 }
 
+fn cmd_bench_allreduce(
+    archs: &[Arch],
+    bucket_mbs: &[f64],
+    warmup: usize,
+    iterations: usize,
+    link_gbit: Option<f64>,
+    json: bool,
+) -> Result<()> {
+    let comm = dist::init()?;
+    let topology = comm.topology().clone();
+    if topology.is_root() && !json {
+        println!(
+            "all-reduce of gradients: {} ranks on {} nodes ({})",
+            topology.world_size, topology.nodes, topology.launcher
+        );
+    }
+    for &arch in archs {
+        for &bucket_mb in bucket_mbs {
+            if bucket_mb.is_nan() || bucket_mb <= 0.0 {
+                bail!("--bucket-mb {bucket_mb}: must be positive");
+            }
+            let result = bench::bench_allreduce(comm.as_ref(), arch, bucket_mb, warmup, iterations)?;
+            if !topology.is_root() {
+                continue;
+            }
+            if json {
+                println!("{}", serde_json::to_string(&result)?);
+                continue;
+            }
+            let share =
+                link_gbit.map(|link| format!(" ({:.0}% of {link} Gbit/s)", 100.0 * result.busbw_gbit / link));
+            println!(
+                "{:<9} {:>6.1} MB in {:>3} buckets of {:>5} MiB: {:>8.1} ms, algbw {:>6.2} Gbit/s, busbw {:>6.2} Gbit/s{}",
+                result.arch,
+                result.gradient_bytes as f64 / 1e6,
+                result.buckets,
+                result.bucket_mb,
+                result.median_seconds * 1e3,
+                result.algbw_gbit,
+                result.busbw_gbit,
+                share.unwrap_or_default()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn cmd_report(args: ReportArgs) -> Result<()> {
+    if !args.scaling {
+        bail!("choose a report: --scaling");
+    }
+    let rows = report::scaling(&args.runs)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        print!("{}", report::table(&rows));
+    }
+    if let Some(plot) = &args.plot {
+        tensor_io::write_atomic(plot, report::svg(&rows).as_bytes())?;
+        eprintln!("plot: {}", plot.display());
+    }
+    Ok(())
+}
+
+/// The exit status for a failed command: 2 for usage and configuration errors, 1 otherwise.
+pub fn exit_code(error: &anyhow::Error) -> u8 {
+    if error.downcast_ref::<crate::config::ConfigError>().is_some() {
+        2
+    } else {
+        1
+    }
+}
+
 fn cmd_train(args: TrainArgs) -> Result<()> {
-    refuse_multi_process_launch()?;
+    let comm = dist::init()?;
+    let topology = comm.topology().clone();
+    if topology.world_size > 1 {
+        tracing::info!("data-parallel job: {topology}");
+    }
+    let result = train_in_job(args, comm.clone());
+    if let (Err(error), true) = (&result, topology.world_size > 1) {
+        // Returning would leave the other ranks blocked in their next collective (and MPI's
+        // finalisation): end the whole job, naming this rank.
+        tracing::error!("rank {} on {} failed: {error:#}; aborting the job", topology.rank, topology.host);
+        comm.abort(i32::from(exit_code(error)));
+    }
+    result
+}
+
+fn train_in_job(args: TrainArgs, comm: Arc<dyn Communicator>) -> Result<()> {
     let config = args.config.load()?.config;
-    ensure_default_data(&config)?;
+    ensure_default_data(&config, comm.as_ref())?;
     let run_dir = args.run_dir.unwrap_or_else(|| default_run_dir(&config));
+    // Rank 0's name: a time-stamped default could differ between ranks by a second.
+    let run_dir = PathBuf::from(dist::broadcast_string(comm.as_ref(), &run_dir.to_string_lossy(), 0));
     let resume = match args.resume.as_deref() {
         None => Resume::Fresh,
         Some("auto") => Resume::Auto,
@@ -277,32 +417,32 @@ fn cmd_train(args: TrainArgs) -> Result<()> {
             run_dir.display()
         );
     }
-    train::train(&config, &run_dir, resume)?;
-    println!("{}", run_dir.join("summary.json").display());
-    Ok(())
-}
-
-/// This build trains in one process. Started as one of several ranks (mpirun -np 2, srun,
-/// torchrun), every rank would train alone and all would write the same run directory, so
-/// refuse instead of running silently wrong.
-fn refuse_multi_process_launch() -> Result<()> {
-    if let Some(info) = launcher::detect_from_process()? {
-        if info.world_size > 1 {
-            bail!(
-                "launched by {} as rank {} of {}, but this rtrain trains in a single process (multi-process \
-                 data parallelism is not built yet); start one process",
-                info.launcher,
-                info.rank,
-                info.world_size
-            );
-        }
+    let is_root = comm.topology().is_root();
+    train::train(&config, &run_dir, resume, comm)?;
+    if is_root {
+        println!("{}", run_dir.join("summary.json").display());
     }
     Ok(())
 }
 
 /// The built-in default data is generated on first use, but only at its default path: a
-/// mistyped path of the user's must be an error, not a silent synthetic run.
-fn ensure_default_data(config: &Config) -> Result<()> {
+/// mistyped path of the user's must be an error, not a silent synthetic run. In a job, rank 0
+/// generates it first; then the first rank of any node that still lacks it (no shared file
+/// system) does.
+fn ensure_default_data(config: &Config, comm: &dyn Communicator) -> Result<()> {
+    let topology = comm.topology();
+    if topology.is_root() {
+        generate_default_data(config)?;
+    }
+    comm.barrier();
+    if topology.local_rank == 0 && !topology.is_root() {
+        generate_default_data(config)?;
+    }
+    comm.barrier();
+    Ok(())
+}
+
+fn generate_default_data(config: &Config) -> Result<()> {
     let root = &config.data.root;
     if root == Path::new(DEFAULT_DATA_ROOT) && !root.exists() {
         tracing::info!(
@@ -340,7 +480,7 @@ fn load_checkpoint_model(path: &Path) -> Result<(Model, checkpoint::CheckpointMe
 
 fn cmd_eval(args: EvalArgs) -> Result<()> {
     let config = args.config.load()?.config;
-    train::set_threads(config.train.threads);
+    train::set_threads(config.train.threads, 1);
     let (model, meta) = load_checkpoint_model(&args.checkpoint)?;
     let (compute, _) = train::compute_for(&config, Device::Cpu);
     train::prepare_model(&model, &compute)?;
@@ -360,6 +500,7 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
         train::eval_transform(&config),
         train::loader_options(&config, config.eval_batch_size()),
         &compute,
+        dist::single().as_ref(),
     )?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -378,7 +519,7 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
 
 fn cmd_predict(args: PredictArgs) -> Result<()> {
     let config = args.config.load()?.config;
-    train::set_threads(config.train.threads);
+    train::set_threads(config.train.threads, 1);
     let (model, meta) = load_checkpoint_model(&args.checkpoint)?;
     let (compute, _) = train::compute_for(&config, Device::Cpu);
     train::prepare_model(&model, &compute)?;
@@ -421,6 +562,11 @@ fn cmd_doctor(args: DoctorArgs) -> Result<()> {
     let config = args.config.load()?.config;
     let device = if tch::Cuda::is_available() { Device::Cuda(0) } else { Device::Cpu };
     let (compute, why) = train::compute_for(&config, device);
+    // Under a launcher, join the job to show what MPI says (the communicator is the truth).
+    let topology = match launcher::detect_from_process()? {
+        Some(_) => Some(dist::init()?.topology().clone()),
+        None => None,
+    };
     let report = serde_json::json!({
         "rtrain": env!("CARGO_PKG_VERSION"),
         "libtorch": LIBTORCH_VERSION,
@@ -439,6 +585,10 @@ fn cmd_doctor(args: DoctorArgs) -> Result<()> {
             "precision_reason": why,
             "channels_last": compute.channels_last,
         },
+        "distributed": {
+            "mpi_built_in": cfg!(feature = "mpi"),
+            "job": topology,
+        },
     });
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -450,6 +600,13 @@ fn cmd_doctor(args: DoctorArgs) -> Result<()> {
             report["cuda"]["available"], report["cuda"]["devices"], report["cuda"]["cudnn"]
         );
         println!("compute: {compute} ({why})");
+        match &topology {
+            Some(topology) => println!("job: {topology}"),
+            None => println!(
+                "job: single process (no launcher variables); MPI support {}",
+                if cfg!(feature = "mpi") { "built in" } else { "not built" }
+            ),
+        }
     }
     Ok(())
 }

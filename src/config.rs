@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::model::Arch;
 use crate::precision::PrecisionSetting;
+use crate::sampler::UnevenTail;
 
 /// Where the built-in synthetic damage-level data is generated on first use.
 pub const DEFAULT_DATA_ROOT: &str = "data/synth-damage";
@@ -50,6 +51,7 @@ pub struct Config {
     pub schedule: ScheduleConfig,
     pub train: TrainConfig,
     pub checkpoint: CheckpointConfig,
+    pub dist: DistConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -99,6 +101,9 @@ pub struct ModelConfig {
     pub pretrained: Option<PathBuf>,
     /// Train only the classifier head (`fc`).
     pub freeze_backbone: bool,
+    /// BatchNorm as torchvision's FrozenBatchNorm2d: running statistics fixed, scale and shift
+    /// not trained (fine-tuning with small per-rank batches).
+    pub freeze_batchnorm: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -177,6 +182,25 @@ pub struct CheckpointConfig {
     pub keep_best: bool,
 }
 
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DistConfig {
+    /// Gradient bucket size in MiB for the all-reduce (PyTorch DDP's `bucket_cap_mb`).
+    pub bucket_mb: f64,
+    /// When the training split does not divide among the ranks: `pad` repeats samples (as
+    /// PyTorch's DistributedSampler), `drop` leaves the remainder out.
+    pub uneven: UnevenTail,
+    /// Start each bucket's all-reduce during backward, as soon as its gradients are final
+    /// (false: all buckets after backward; for measuring what the overlap gains).
+    pub overlap: bool,
+}
+
+impl Default for DistConfig {
+    fn default() -> Self {
+        DistConfig { bucket_mb: 25.0, uneven: UnevenTail::Pad, overlap: true }
+    }
+}
+
 impl Default for RunConfig {
     fn default() -> Self {
         RunConfig { name: String::new(), dir: PathBuf::from("runs"), seed: 0 }
@@ -205,7 +229,13 @@ impl Default for DataConfig {
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        ModelConfig { arch: Arch::Resnet18, num_classes: 0, pretrained: None, freeze_backbone: false }
+        ModelConfig {
+            arch: Arch::Resnet18,
+            num_classes: 0,
+            pretrained: None,
+            freeze_backbone: false,
+            freeze_batchnorm: false,
+        }
     }
 }
 
@@ -403,6 +433,11 @@ impl Config {
         check(d.ratio[0] > 0.0 && d.ratio[0] <= d.ratio[1], "data.ratio", "must satisfy 0 < min <= max")?;
         check(!d.train_split.is_empty(), "data.train_split", "must not be empty")?;
         check(!d.val_split.is_empty(), "data.val_split", "must not be empty")?;
+        check(
+            self.dist.bucket_mb > 0.0 && self.dist.bucket_mb.is_finite(),
+            "dist.bucket_mb",
+            "must be a positive number of MiB",
+        )?;
         let o = &self.optim;
         check(o.lr > 0.0 && o.lr.is_finite(), "optim.lr", "must be a positive number")?;
         check(o.weight_decay >= 0.0, "optim.weight_decay", "must not be negative")?;

@@ -1,5 +1,7 @@
 //! Evaluation: loss, top-1, per-class accuracy and the confusion matrix over a dataset split,
-//! with the model in inference mode (BatchNorm running statistics, no gradients).
+//! with the model in inference mode (BatchNorm running statistics, no gradients). With several
+//! ranks each evaluates a disjoint strided part of the split and the counts are summed, so the
+//! report covers every image exactly once.
 
 use std::sync::Arc;
 
@@ -9,6 +11,7 @@ use tch::{Kind, Reduction, Tensor};
 use crate::data::folder::{DataError, ImageFolder};
 use crate::data::loader::{Loader, LoaderOptions};
 use crate::data::transforms::Transform;
+use crate::dist::{self, Communicator};
 use crate::model::Model;
 use crate::precision::{Compute, ShimError};
 
@@ -55,6 +58,18 @@ impl Confusion {
         self.loss_sum += loss_sum;
     }
 
+    /// Sums the counts and losses of every rank's part (a collective: all ranks call it).
+    pub fn all_reduce(&mut self, comm: &dyn Communicator) {
+        let mut values: Vec<f64> = self.counts.iter().flatten().map(|&c| c as f64).collect();
+        values.push(self.loss_sum);
+        dist::sum_f64(comm, &mut values);
+        self.loss_sum = values.pop().unwrap_or(0.0);
+        for (count, value) in self.counts.iter_mut().flatten().zip(values) {
+            // Counts are far below 2^53: exact in f64.
+            *count = value as u64;
+        }
+    }
+
     pub fn report(&self) -> EvalReport {
         let samples: u64 = self.counts.iter().flatten().sum();
         let correct: u64 = (0..self.counts.len()).map(|i| self.counts[i][i]).sum();
@@ -88,8 +103,10 @@ pub fn evaluate(
     transform: Transform,
     options: LoaderOptions,
     compute: &Compute,
+    comm: &dyn Communicator,
 ) -> Result<EvalReport, EvalError> {
-    let order: Vec<usize> = (0..dataset.len()).collect();
+    let topology = comm.topology();
+    let order: Vec<usize> = (topology.rank..dataset.len()).step_by(topology.world_size).collect();
     let loader =
         Loader::new(dataset, order, transform, 0, 0, 0, LoaderOptions { drop_last: false, ..options });
     let mut confusion = Confusion::new(model.num_classes);
@@ -105,8 +122,10 @@ pub fn evaluate(
             let predictions: Vec<i64> = Vec::try_from(&predictions).unwrap_or_default();
             confusion.add(&labels, &predictions, loss.to_kind(Kind::Double).double_value(&[]));
         }
-        Ok(confusion.report())
-    })
+        Ok::<(), EvalError>(())
+    })?;
+    confusion.all_reduce(comm);
+    Ok(confusion.report())
 }
 
 #[cfg(test)]

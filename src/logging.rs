@@ -1,6 +1,10 @@
 //! Log output: human-readable on a terminal, one JSON object per line with `--log-format json`,
 //! filtered by `--log-level` or else `RUST_LOG` (default `info`). Always to stderr, so stdout
 //! stays for results (`config show`, `predict`, `bench --json`).
+//!
+//! In a multi-rank job every line carries the rank (a `rank` span that the command enters), and
+//! only rank 0 logs at the chosen level: the others report warnings and errors unless
+//! `--log-all-ranks`, so that N ranks do not print N copies of the same progress.
 
 use std::io::IsTerminal;
 
@@ -12,8 +16,10 @@ pub enum LogFormat {
     Json,
 }
 
-pub fn init(format: LogFormat, level: Option<&str>) {
+pub fn init(format: LogFormat, level: Option<&str>, rank: Option<usize>, all_ranks: bool) {
+    let quiet_rank = rank.is_some_and(|rank| rank > 0) && !all_ranks;
     let filter = match level {
+        _ if quiet_rank => EnvFilter::new("warn"),
         Some(level) => EnvFilter::new(level),
         None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
     };

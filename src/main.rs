@@ -5,7 +5,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use rtrain::cli::{self, Cli};
-use rtrain::config::ConfigError;
 
 fn main() -> ExitCode {
     rtrain::memory::tune_allocator_for_training();
@@ -14,11 +13,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
-            if error.downcast_ref::<ConfigError>().is_some() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
-            }
+            ExitCode::from(cli::exit_code(&error))
         }
     }
 }

@@ -79,6 +79,8 @@ pub struct Model {
     pub num_classes: usize,
     pub vs: VarStore,
     net: ResNet,
+    /// BatchNorm uses its running statistics even in training (see `freeze_batchnorm`).
+    batchnorm_frozen: bool,
 }
 
 impl Model {
@@ -97,7 +99,7 @@ impl Model {
             Arch::Resnet152 => ([3, 8, 36, 3], true),
         };
         let net = ResNet::new(&root, blocks, bottleneck, classes);
-        let model = Model { arch, num_classes, vs, net };
+        let model = Model { arch, num_classes, vs, net, batchnorm_frozen: false };
         model.init_like_torchvision().map_err(torch_err)?;
         Ok(model)
     }
@@ -125,7 +127,8 @@ impl Model {
     }
 
     pub fn forward_t(&self, images: &Tensor, train: bool) -> Tensor {
-        self.net.forward_t(images, train)
+        // The flag only switches BatchNorm between batch and running statistics (no dropout).
+        self.net.forward_t(images, train && !self.batchnorm_frozen)
     }
 
     /// Every parameter and buffer, sorted by name (torchvision's names).
@@ -136,6 +139,18 @@ impl Model {
     /// Parameters that receive gradients, sorted by name.
     pub fn trainable(&self) -> Vec<(String, Tensor)> {
         self.state_dict().into_iter().filter(|(_, t)| t.requires_grad()).collect()
+    }
+
+    /// BatchNorm as torchvision's FrozenBatchNorm2d: normalise with the running statistics,
+    /// never update them, and stop training its scale and shift (every 1-d parameter outside
+    /// the head is a BatchNorm one in a ResNet).
+    pub fn freeze_batchnorm(&mut self) {
+        self.batchnorm_frozen = true;
+        for (name, tensor) in self.state_dict() {
+            if tensor.dim() == 1 && !name.starts_with(HEAD_PREFIX) && tensor.requires_grad() {
+                let _ = tensor.set_requires_grad(false);
+            }
+        }
     }
 
     /// Stops gradients for everything but the classifier head.

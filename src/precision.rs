@@ -33,7 +33,7 @@ pub struct ShimError {
 }
 
 /// Turns the shim's returned message (null on success) into a Result, freeing it.
-fn check(what: &'static str, message: *mut c_char) -> Result<(), ShimError> {
+pub(crate) fn check(what: &'static str, message: *mut c_char) -> Result<(), ShimError> {
     if message.is_null() {
         return Ok(());
     }

@@ -42,11 +42,17 @@ pub fn rank_shard(order: &[usize], rank: usize, world: usize, tail: UnevenTail) 
     if world <= 1 {
         return order.to_vec();
     }
-    let total = match tail {
-        UnevenTail::Pad => order.len().div_ceil(world) * world,
-        UnevenTail::Drop => order.len() / world * world,
-    };
+    let total = shard_len(order.len(), world, tail) * world;
     (rank..total).step_by(world).map(|i| order[i % order.len().max(1)]).collect()
+}
+
+/// How many samples each rank gets per epoch from a split of `len`.
+pub fn shard_len(len: usize, world: usize, tail: UnevenTail) -> usize {
+    let world = world.max(1);
+    match tail {
+        UnevenTail::Pad => len.div_ceil(world),
+        UnevenTail::Drop => len / world,
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,12 @@
 //! The training run: data, model and optimizer set up from a [`Config`], then epochs of
-//! steps (zero_grad -> forward/backward -> optimizer step), an evaluation after each epoch,
-//! checkpoints, metrics and the run directory.
+//! steps (zero_grad -> forward/backward -> gradient all-reduce -> optimizer step), an
+//! evaluation after each epoch, checkpoints, metrics and the run directory.
+//!
+//! Data parallelism: every rank starts from rank 0's weights, trains on its strided shard of
+//! each epoch's permutation with `data.batch_size` images per step, and averages gradients with
+//! the others after backward, so all ranks take identical steps. Only global rank 0 writes the
+//! run directory (the tutorial's GLOBAL_RANK 0 rule); metrics and evaluations are summed over
+//! ranks first.
 //!
 //! Run directory layout: `config.toml` (resolved), `metrics.jsonl`, `checkpoints/`
 //! (`step-NNNNNNNNN.safetensors`, `best.safetensors`), `model.safetensors` (final weights,
@@ -20,6 +26,8 @@ use crate::config::Config;
 use crate::data::folder::{DataError, ImageFolder};
 use crate::data::loader::{Loader, LoaderOptions};
 use crate::data::transforms::{Augment, Transform};
+use crate::dist::grad_sync::{GradSync, GradSyncError};
+use crate::dist::{self, Communicator, DistError};
 use crate::eval::{self, EvalReport};
 use crate::metrics::{MetricsError, MetricsLog, StepRecord};
 use crate::model::{Model, ModelError};
@@ -58,6 +66,12 @@ pub enum TrainError {
     Io { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
     Shim(#[from] ShimError),
+    #[error(transparent)]
+    GradSync(#[from] GradSyncError),
+    #[error(transparent)]
+    Dist(#[from] DistError),
+    #[error("{dir}: {images} training images give rank {rank} of {world} no full batch of {batch}")]
+    TooFewForRanks { dir: PathBuf, images: usize, rank: usize, world: usize, batch: usize },
 }
 
 /// Where to resume from.
@@ -84,6 +98,10 @@ pub struct Summary {
     pub train_images_per_second: f64,
     pub peak_rss_mib: Option<f64>,
     pub threads: i32,
+    /// Ranks that trained (each on `batch_size` images per step) and the nodes they ran on.
+    pub world_size: usize,
+    pub nodes: usize,
+    pub global_batch_size: usize,
     pub weights: PathBuf,
     pub weights_sha256: String,
     pub resumed_from: Option<PathBuf>,
@@ -136,10 +154,22 @@ pub fn prepare_model(model: &Model, compute: &Compute) -> Result<(), ShimError> 
     compute.prepare_parameters(params.iter_mut())
 }
 
-/// libtorch intra-op threads: the configured number, else every core this process may use.
-pub fn set_threads(configured: usize) -> i32 {
+/// libtorch intra-op threads: the configured number, else this rank's share of the node: the
+/// cores the launcher bound it to, or, when it was not bound, the node's cores split evenly
+/// among its `local_ranks` (ranks on one node must not oversubscribe the cores).
+pub fn set_threads(configured: usize, local_ranks: usize) -> i32 {
     let threads = match configured {
-        0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        0 => {
+            let allowed = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+            // SAFETY: sysconf has no preconditions.
+            let online =
+                usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }).unwrap_or(allowed);
+            if allowed < online {
+                allowed
+            } else {
+                (online / local_ranks.max(1)).max(1)
+            }
+        }
         n => n,
     };
     tch::set_num_threads(i32::try_from(threads).unwrap_or(1));
@@ -191,6 +221,9 @@ pub fn restore_model(
 
 struct Run<'a> {
     config: &'a Config,
+    comm: Arc<dyn Communicator>,
+    /// Present with more than one rank: averages gradients after backward.
+    grad_sync: Option<GradSync>,
     run_dir: PathBuf,
     checkpoints: PathBuf,
     model: Model,
@@ -198,14 +231,21 @@ struct Run<'a> {
     optimizer: Optimizer,
     schedule: Schedule,
     classes: Vec<String>,
-    metrics: MetricsLog,
+    /// Written by rank 0 only.
+    metrics: Option<MetricsLog>,
     best_val_top1: Option<f64>,
     last_val_top1: Option<f64>,
 }
 
-pub fn train(config: &Config, run_dir: &Path, resume: Resume) -> Result<Summary, TrainError> {
+pub fn train(
+    config: &Config,
+    run_dir: &Path,
+    resume: Resume,
+    comm: Arc<dyn Communicator>,
+) -> Result<Summary, TrainError> {
     let started = Instant::now();
-    let threads = set_threads(config.train.threads);
+    let topology = comm.topology().clone();
+    let threads = set_threads(config.train.threads, topology.local_world_size);
     let (train_set, val_set) = open_splits(config)?;
     let classes = train_set.classes.clone();
     let num_classes = match config.model.num_classes {
@@ -221,7 +261,7 @@ pub fn train(config: &Config, run_dir: &Path, resume: Resume) -> Result<Summary,
     };
 
     tch::manual_seed(i64::from_ne_bytes(config.run.seed.to_ne_bytes()));
-    let model = Model::new(config.model.arch, num_classes, Device::Cpu)?;
+    let mut model = Model::new(config.model.arch, num_classes, Device::Cpu)?;
     if let Some(path) = &config.model.pretrained {
         let report = model.load_pretrained(path)?;
         tracing::info!(
@@ -235,15 +275,30 @@ pub fn train(config: &Config, run_dir: &Path, resume: Resume) -> Result<Summary,
     if config.model.freeze_backbone {
         model.freeze_backbone();
     }
+    if config.model.freeze_batchnorm {
+        model.freeze_batchnorm();
+    }
     let (compute, why) = compute_for(config, Device::Cpu);
     prepare_model(&model, &compute)?;
     tracing::info!("compute: {compute} ({why})");
+    // Every rank starts from rank 0's weights, whatever its seed or file system did.
+    dist::broadcast_from_root(comm.as_ref(), model.state_dict().into_values());
     let optimizer = Optimizer::new(&config.optim, model.trainable());
 
+    let shard_len = sampler::shard_len(train_set.len(), topology.world_size, config.dist.uneven);
     let batches_per_epoch = match config.data.drop_last {
-        true => train_set.len() / config.data.batch_size,
-        false => train_set.len().div_ceil(config.data.batch_size),
+        true => shard_len / config.data.batch_size,
+        false => shard_len.div_ceil(config.data.batch_size),
     } as u64;
+    if batches_per_epoch == 0 {
+        return Err(TrainError::TooFewForRanks {
+            dir: train_set.root.clone(),
+            images: train_set.len(),
+            rank: topology.rank,
+            world: topology.world_size,
+            batch: config.data.batch_size,
+        });
+    }
     let steps_per_epoch = match config.train.max_steps_per_epoch {
         0 => batches_per_epoch,
         cap => batches_per_epoch.min(cap),
@@ -251,13 +306,20 @@ pub fn train(config: &Config, run_dir: &Path, resume: Resume) -> Result<Summary,
     let schedule = Schedule::new(&config.schedule, config.optim.lr, steps_per_epoch, config.train.epochs);
 
     let checkpoints = run_dir.join("checkpoints");
-    std::fs::create_dir_all(&checkpoints)
-        .map_err(|source| TrainError::Io { path: checkpoints.clone(), source })?;
-    tensor_io::write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
+    let metrics = if topology.is_root() {
+        std::fs::create_dir_all(&checkpoints)
+            .map_err(|source| TrainError::Io { path: checkpoints.clone(), source })?;
+        tensor_io::write_atomic(&run_dir.join("config.toml"), config.to_toml().as_bytes())?;
+        Some(MetricsLog::open(&run_dir.join("metrics.jsonl"), None)?)
+    } else {
+        None
+    };
 
-    let resume_path = match resume {
+    // Rank 0 chooses the checkpoint; every rank loads that same file.
+    let chosen = match resume {
         Resume::Fresh => None,
         Resume::From(path) => Some(path),
+        Resume::Auto if !topology.is_root() => None,
         Resume::Auto => match checkpoint::latest_valid(&checkpoints) {
             Ok(path) => Some(path),
             Err(CheckpointError::NoneFound { .. }) => {
@@ -267,8 +329,13 @@ pub fn train(config: &Config, run_dir: &Path, resume: Resume) -> Result<Summary,
             Err(other) => return Err(other.into()),
         },
     };
+    let chosen = chosen.map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+    let resume_path =
+        Some(dist::broadcast_string(comm.as_ref(), &chosen, 0)).filter(|p| !p.is_empty()).map(PathBuf::from);
     let mut run = Run {
         config,
+        comm: comm.clone(),
+        grad_sync: None,
         run_dir: run_dir.to_path_buf(),
         checkpoints,
         model,
@@ -276,7 +343,7 @@ pub fn train(config: &Config, run_dir: &Path, resume: Resume) -> Result<Summary,
         optimizer,
         schedule,
         classes,
-        metrics: MetricsLog::open(&run_dir.join("metrics.jsonl"), None)?,
+        metrics,
         best_val_top1: None,
         last_val_top1: None,
     };
@@ -284,9 +351,17 @@ pub fn train(config: &Config, run_dir: &Path, resume: Resume) -> Result<Summary,
     if let Some(path) = &resume_path {
         position = run.restore(path)?;
     }
+    if topology.world_size > 1 {
+        run.grad_sync = Some(GradSync::new(
+            comm.clone(),
+            run.model.trainable(),
+            config.dist.bucket_mb,
+            config.dist.overlap,
+        )?);
+    }
 
     tracing::info!(
-        "training {} ({} classes) on {} images ({} val), {} epochs x {} steps, batch {}, {} threads, run dir {}",
+        "training {} ({} classes) on {} images ({} val), {} epochs x {} steps, batch {} x {} ranks on {} nodes, {} threads per rank, run dir {}",
         config.model.arch,
         num_classes,
         train_set.len(),
@@ -294,6 +369,8 @@ pub fn train(config: &Config, run_dir: &Path, resume: Resume) -> Result<Summary,
         config.train.epochs,
         steps_per_epoch,
         config.data.batch_size,
+        topology.world_size,
+        topology.nodes,
         threads,
         run_dir.display()
     );
@@ -303,23 +380,43 @@ pub fn train(config: &Config, run_dir: &Path, resume: Resume) -> Result<Summary,
     let mut trained_seconds = 0.0;
     for epoch in position.epoch..config.train.epochs {
         let start_batch = if epoch == position.epoch { position.step_in_epoch } else { 0 };
-        let totals = if epoch == position.epoch { position.totals } else { EpochTotals::default() };
+        // Checkpointed sums are global: rank 0 carries them, the others start from zero.
+        let totals = if epoch == position.epoch && topology.is_root() {
+            position.totals
+        } else {
+            EpochTotals::default()
+        };
         let totals = run.train_epoch(&train_set, epoch, start_batch, steps_per_epoch, totals)?;
+        let totals = run.global_totals(&totals);
         trained_images += totals.samples;
         trained_seconds += totals.seconds;
+        run.sync_buffers();
         let report = eval::evaluate(
             &run.model,
             val_set.clone(),
             eval_transform(config),
             loader_options(config, config.eval_batch_size()),
             &run.compute,
+            comm.as_ref(),
         )?;
         run.finish_epoch(epoch, &totals, &report)?;
         final_eval = Some(report);
     }
 
+    run.sync_buffers();
+    let digest = weights_digest(&run.model);
+    let root_digest = dist::broadcast_string(comm.as_ref(), &digest, 0);
+    tracing::info!("final weights digest {digest} (rank {})", topology.rank);
+    if digest != root_digest {
+        // Replicas drifted apart (e.g. a non-deterministic reduction): rank 0's model is saved,
+        // but say so loudly.
+        tracing::warn!(
+            "rank {}: final weights differ from rank 0's ({digest} vs {root_digest})",
+            topology.rank
+        );
+    }
+
     let weights = run.run_dir.join("model.safetensors");
-    run.model.write_torchvision(&weights, run.optimizer.steps())?;
     let summary = Summary {
         arch: config.model.arch.to_string(),
         classes: run.classes.clone(),
@@ -337,10 +434,18 @@ pub fn train(config: &Config, run_dir: &Path, resume: Resume) -> Result<Summary,
         },
         peak_rss_mib: peak_rss_mib(),
         threads,
-        weights_sha256: tensor_io::sha256_file(&weights)?,
+        world_size: topology.world_size,
+        nodes: topology.nodes,
+        global_batch_size: config.data.batch_size * topology.world_size,
+        weights_sha256: String::new(),
         weights,
         resumed_from: resume_path,
     };
+    if !topology.is_root() {
+        return Ok(summary);
+    }
+    run.model.write_torchvision(&summary.weights, run.optimizer.steps())?;
+    let summary = Summary { weights_sha256: tensor_io::sha256_file(&summary.weights)?, ..summary };
     let json = serde_json::to_string_pretty(&summary).unwrap_or_default();
     tensor_io::write_atomic(&run.run_dir.join("summary.json"), json.as_bytes())?;
     tracing::info!(
@@ -382,8 +487,10 @@ impl Run<'_> {
         }
         restore_model(&self.model, &checkpoint.model, path)?;
         self.optimizer.load_state(&checkpoint.optimizer, meta.global_step)?;
-        self.metrics =
-            MetricsLog::open(&self.run_dir.join("metrics.jsonl"), Some((meta.global_step, meta.epoch)))?;
+        if self.comm.topology().is_root() {
+            let resume_point = Some((meta.global_step, meta.epoch));
+            self.metrics = Some(MetricsLog::open(&self.run_dir.join("metrics.jsonl"), resume_point)?);
+        }
         self.last_val_top1 = meta.val_top1;
         self.best_val_top1 = meta.best_val_top1;
         tracing::info!(
@@ -409,7 +516,9 @@ impl Run<'_> {
         mut totals: EpochTotals,
     ) -> Result<EpochTotals, TrainError> {
         let config = self.config;
-        let order = sampler::epoch_permutation(dataset.len(), config.run.seed, u64::from(epoch));
+        let topology = self.comm.topology().clone();
+        let permutation = sampler::epoch_permutation(dataset.len(), config.run.seed, u64::from(epoch));
+        let order = sampler::rank_shard(&permutation, topology.rank, topology.world_size, config.dist.uneven);
         let loader = Loader::new(
             dataset.clone(),
             order,
@@ -419,11 +528,16 @@ impl Run<'_> {
             start_batch,
             loader_options(config, config.data.batch_size),
         );
-        let progress = progress_bar(steps_per_epoch, start_batch as u64, epoch, config.train.epochs);
+        let progress = match topology.is_root() {
+            true => progress_bar(steps_per_epoch, start_batch as u64, epoch, config.train.epochs),
+            false => ProgressBar::hidden(),
+        };
         let mut window = (Instant::now(), 0u64);
+        // Training time includes waiting for the loader (what an epoch costs), not logging
+        // and checkpoints.
+        let mut mark = Instant::now();
         for (step_in_epoch, batch) in (start_batch as u64 + 1..=steps_per_epoch).zip(loader) {
             let batch = batch?;
-            let step_started = Instant::now();
             let global_step = self.optimizer.steps();
             let lr = self.schedule.lr(global_step);
             let (loss, correct) = self.step(&batch.images, &batch.labels, lr)?;
@@ -431,14 +545,18 @@ impl Run<'_> {
             totals.loss_sum += loss * samples as f64;
             totals.correct += correct;
             totals.samples += samples;
-            totals.seconds += step_started.elapsed().as_secs_f64();
+            totals.seconds += mark.elapsed().as_secs_f64();
             window.1 += samples;
             progress.inc(1);
 
             let log_now =
                 step_in_epoch % config.train.log_every_steps == 0 || step_in_epoch == steps_per_epoch;
             if log_now {
-                let rate = window.1 as f64 / window.0.elapsed().as_secs_f64().max(1e-9);
+                // Global values: the step's loss and accuracy over every rank's batch.
+                let mut sums = [loss * samples as f64, correct as f64, samples as f64, window.1 as f64];
+                dist::sum_f64(self.comm.as_ref(), &mut sums);
+                let (loss, accuracy) = (sums[0] / sums[2].max(1.0), sums[1] / sums[2].max(1.0));
+                let rate = sums[3] / window.0.elapsed().as_secs_f64().max(1e-9);
                 window = (Instant::now(), 0);
                 let record = StepRecord {
                     kind: "step",
@@ -446,13 +564,15 @@ impl Run<'_> {
                     step: step_in_epoch,
                     global_step: self.optimizer.steps(),
                     loss,
-                    accuracy: correct as f64 / samples.max(1) as f64,
+                    accuracy,
                     lr,
                     images_per_second: rate,
                 };
-                self.metrics.append(&record)?;
+                if let Some(metrics) = &mut self.metrics {
+                    metrics.append(&record)?;
+                }
                 progress.set_message(format!("loss {loss:.4} lr {lr:.4} {rate:.0} img/s"));
-                if progress.is_hidden() {
+                if progress.is_hidden() && topology.is_root() {
                     tracing::info!(
                         "epoch {}/{} step {step_in_epoch}/{steps_per_epoch}: loss {loss:.4} lr {lr:.5} {rate:.1} img/s",
                         epoch + 1,
@@ -464,6 +584,7 @@ impl Run<'_> {
             if every > 0 && step_in_epoch % every == 0 && step_in_epoch < steps_per_epoch {
                 self.save_checkpoint(epoch, step_in_epoch, totals)?;
             }
+            mark = Instant::now();
         }
         progress.finish_and_clear();
         Ok(totals)
@@ -474,7 +595,10 @@ impl Run<'_> {
     fn step(&mut self, images: &Tensor, labels: &Tensor, lr: f64) -> Result<(f64, u64), TrainError> {
         let global_step = self.optimizer.steps();
         let torch = |source| TrainError::Step { global_step, source };
-        self.optimizer.zero_grad();
+        match &mut self.grad_sync {
+            Some(sync) => sync.zero_grad(),
+            None => self.optimizer.zero_grad(),
+        }
         let logits = self.model.forward_t(images, true);
         let loss = logits
             .f_cross_entropy_loss::<Tensor>(
@@ -486,6 +610,9 @@ impl Run<'_> {
             )
             .map_err(torch)?;
         loss.f_backward().map_err(torch)?;
+        if let Some(sync) = &mut self.grad_sync {
+            sync.finish()?;
+        }
         self.optimizer.step(lr)?;
         let loss_value = loss.f_double_value(&[]).map_err(torch)?;
         if !loss_value.is_finite() {
@@ -515,7 +642,9 @@ impl Run<'_> {
             seconds: totals.seconds,
             val: report,
         };
-        self.metrics.append(&record)?;
+        if let Some(metrics) = &mut self.metrics {
+            metrics.append(&record)?;
+        }
         tracing::info!(
             "epoch {}/{}: train loss {:.4} acc {:.4} ({:.1} img/s) | val loss {:.4} top-1 {:.4} per class {:?}",
             epoch + 1,
@@ -536,8 +665,8 @@ impl Run<'_> {
         let last = epoch + 1 == config.train.epochs;
         let every = config.checkpoint.every_epochs;
         if last || (every > 0 && (epoch + 1) % every == 0) || (is_best && config.checkpoint.keep_best) {
-            let path = self.save_checkpoint(epoch + 1, 0, EpochTotals::default())?;
-            if is_best && config.checkpoint.keep_best {
+            let saved = self.save_checkpoint(epoch + 1, 0, EpochTotals::default())?;
+            if let (Some(path), true) = (saved, is_best && config.checkpoint.keep_best) {
                 let best = self.checkpoints.join(checkpoint::BEST_NAME);
                 let bytes =
                     std::fs::read(&path).map_err(|source| TrainError::Io { path: path.clone(), source })?;
@@ -547,12 +676,42 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// This epoch's training sums over all ranks (seconds: the mean over ranks). A collective.
+    fn global_totals(&self, local: &EpochTotals) -> EpochTotals {
+        let world = self.comm.topology().world_size;
+        if world == 1 {
+            return *local;
+        }
+        let mut sums = [local.loss_sum, local.correct as f64, local.samples as f64, local.seconds];
+        dist::sum_f64(self.comm.as_ref(), &mut sums);
+        EpochTotals {
+            loss_sum: sums[0],
+            correct: sums[1] as u64,
+            samples: sums[2] as u64,
+            seconds: sums[3] / world as f64,
+        }
+    }
+
+    /// BatchNorm running statistics (and any other non-trained tensor) from rank 0, so that
+    /// evaluation and checkpoints see one model. A collective.
+    fn sync_buffers(&self) {
+        let buffers = self.model.state_dict().into_values().filter(|t| !t.requires_grad());
+        dist::broadcast_from_root(self.comm.as_ref(), buffers);
+    }
+
+    /// Saves a checkpoint from rank 0; every rank must call it (it sums the epoch's totals and
+    /// syncs the buffers first). Returns the file on rank 0.
     fn save_checkpoint(
         &mut self,
         epoch: u32,
         step_in_epoch: u64,
         totals: EpochTotals,
-    ) -> Result<PathBuf, TrainError> {
+    ) -> Result<Option<PathBuf>, TrainError> {
+        let totals = self.global_totals(&totals);
+        self.sync_buffers();
+        if !self.comm.topology().is_root() {
+            return Ok(None);
+        }
         let meta = CheckpointMeta {
             arch: self.model.arch,
             num_classes: self.model.num_classes,
@@ -579,7 +738,7 @@ impl Run<'_> {
             }
         }
         tracing::debug!("checkpoint {}", path.display());
-        Ok(path)
+        Ok(Some(path))
     }
 }
 
@@ -594,6 +753,22 @@ fn progress_bar(steps: u64, done: u64, epoch: u32, epochs: u32) -> ProgressBar {
     bar.set_style(style);
     bar.set_prefix(format!("{}/{epochs}", epoch + 1));
     bar
+}
+
+/// sha256 over every tensor's name and values, in name order: equal on two ranks exactly when
+/// their models are bit-identical.
+pub fn weights_digest(model: &Model) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for (name, tensor) in model.state_dict() {
+        hasher.update(name.as_bytes());
+        let values: Vec<f32> =
+            Vec::try_from(tensor.to_kind(Kind::Float).contiguous().view(-1)).unwrap_or_default();
+        for value in values {
+            hasher.update(value.to_le_bytes());
+        }
+    }
+    hex::encode(hasher.finalize())
 }
 
 /// Peak resident memory of this process (VmHWM), where /proc has it.

@@ -16,14 +16,7 @@ fn summary(run_dir: &Path) -> Value {
 
 /// A small synthetic damage set: 4 classes x 24 training and 8 validation images at 48px.
 fn small_synth(dir: &Path) -> PathBuf {
-    let data = dir.join("data");
-    common::rtrain(dir)
-        .args(["data", "synth"])
-        .arg(&data)
-        .args(["--train-per-class", "24", "--val-per-class", "8", "--image-size", "48"])
-        .assert()
-        .success();
-    data
+    common::synth(dir, 24, 8, 48)
 }
 
 const QUICK: &[&str] = &[
@@ -285,15 +278,15 @@ fn configuration_errors_name_the_key_and_exit_2() {
         .assert()
         .success()
         .stdout(predicate::str::contains("epochs = 7  # environment"));
-    // Launched as one of several ranks, this single-process build refuses rather than training
-    // alone in every rank.
+    // Launched as one of several ranks by a launcher whose processes MPI does not see as one
+    // job (here: torchrun's variables, no mpirun), rtrain refuses rather than training alone.
     common::rtrain(dir.path())
         .args(["train"])
-        .env("OMPI_COMM_WORLD_RANK", "1")
-        .env("OMPI_COMM_WORLD_SIZE", "2")
+        .env("RANK", "1")
+        .env("WORLD_SIZE", "2")
         .assert()
         .code(1)
-        .stderr(predicate::str::contains("OpenMPI (mpirun) as rank 1 of 2"));
+        .stderr(predicate::str::contains("torchrun as rank 1 of 2 processes, but MPI sees a world of 1"));
     // A user's data path that does not exist is an error naming it, never a synthetic run.
     common::rtrain(dir.path())
         .args(["train", "--set", "data.root=\"nowhere\""])

@@ -1,12 +1,17 @@
 // rtrain's bridge to the parts of libtorch that tch does not expose: CPU/CUDA autocast with a
-// chosen dtype, and the channels-last memory format. Every entry point catches every C++
+// chosen dtype, the channels-last memory format, and the gradient plumbing data-parallel
+// training needs (gradients that live in communication buckets, and a call when each is ready). Every entry point catches every C++
 // exception and returns it as a message (nullptr on success), which Rust turns into an error;
 // nothing may unwind into Rust.
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/node.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <string>
 
 namespace {
@@ -75,6 +80,54 @@ char* rtrain_channels_last(const at::Tensor* tensor, at::Tensor** out) {
 // and the autograd graph's references to it).
 char* rtrain_param_to_channels_last(at::Tensor* param) {
   return guarded([&] { param->set_data(param->contiguous(at::MemoryFormat::ChannelsLast)); });
+}
+
+// Makes `grad` (a view into a communication bucket, shaped and strided like the parameter) the
+// parameter's gradient. Backward then accumulates into it in place, so the bucket needs no
+// packing: PyTorch DDP's `gradient_as_bucket_view`.
+char* rtrain_set_grad(at::Tensor* param, const at::Tensor* grad) {
+  return guarded([&] { param->mutable_grad() = *grad; });
+}
+
+typedef void (*rtrain_grad_ready_fn)(void* context, size_t index);
+
+namespace {
+
+// Calls back once the parameter's gradient has been accumulated in a backward pass.
+struct GradReadyHook : torch::autograd::FunctionPostHook {
+  GradReadyHook(rtrain_grad_ready_fn callback, void* context, size_t index)
+      : callback(callback), context(context), index(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    callback(context, index);
+    return outputs;
+  }
+  rtrain_grad_ready_fn callback;
+  void* context;
+  size_t index;
+};
+
+}  // namespace
+
+// Registers `callback(context, index)` to run after backward has accumulated the gradient of
+// `param` (a leaf that requires grad), as DDP's reducer does on the AccumulateGrad node. The
+// returned handle keeps that node, and with it the hook, alive: a parameter holds only a weak
+// reference, and without one the node (and hook) would be re-created for every backward.
+char* rtrain_grad_ready_hook(const at::Tensor* param, rtrain_grad_ready_fn callback, void* context,
+                             size_t index, void** handle) {
+  return guarded([&] {
+    auto accumulator = torch::autograd::impl::grad_accumulator(*param);
+    if (!accumulator) {
+      throw std::runtime_error("the parameter has no gradient accumulator (is it a leaf requiring grad?)");
+    }
+    accumulator->add_post_hook(std::make_unique<GradReadyHook>(callback, context, index));
+    *handle = new c10::intrusive_ptr<torch::autograd::Node>(std::move(accumulator));
+  });
+}
+
+// Releases a handle from rtrain_grad_ready_hook (the node goes with the last reference).
+void rtrain_grad_ready_hook_free(void* handle) {
+  delete static_cast<c10::intrusive_ptr<torch::autograd::Node>*>(handle);
 }
 
 }  // extern "C"

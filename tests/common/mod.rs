@@ -51,3 +51,17 @@ pub fn fashion_mnist(file: &str) -> PathBuf {
     assert!(path.exists(), "{} is missing: run scripts/setup --test", path.display());
     path
 }
+
+/// A small synthetic damage set under `dir/data` (4 classes), made by `rtrain data synth`.
+pub fn synth(dir: &Path, train_per_class: usize, val_per_class: usize, image_size: u32) -> PathBuf {
+    let data = dir.join("data");
+    rtrain(dir)
+        .args(["data", "synth"])
+        .arg(&data)
+        .args(["--train-per-class", &train_per_class.to_string()])
+        .args(["--val-per-class", &val_per_class.to_string()])
+        .args(["--image-size", &image_size.to_string()])
+        .assert()
+        .success();
+    data
+}

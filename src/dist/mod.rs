@@ -1,0 +1,313 @@
+//! Who this process trains with: the job's topology (world and node-local ranks, nodes) and the
+//! collectives data-parallel training needs, behind one [`Communicator`] that is either MPI
+//! (when mpirun, srun or ibrun launched the process) or this process alone.
+//!
+//! Collectives block and every rank must call them in the same order. An error inside MPI is
+//! fatal to the whole job (MPI's default error handler), and so are a panic and a fatal error on
+//! any rank ([`Communicator::abort`]): a rank that fails must never leave the others waiting.
+
+pub mod grad_sync;
+#[cfg(feature = "mpi")]
+mod mpi;
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use tch::{Device, Kind, Tensor};
+
+use crate::launcher::{self, LaunchError, LaunchInfo};
+
+/// Where this process sits in the job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Topology {
+    pub rank: usize,
+    pub world_size: usize,
+    /// Rank among the processes on this node (a shared-memory split of the world).
+    pub local_rank: usize,
+    pub local_world_size: usize,
+    /// This node's index, in the order of the lowest world rank on each node.
+    pub node: usize,
+    pub nodes: usize,
+    pub host: String,
+    /// What started the job: a launcher's name, or "single process".
+    pub launcher: String,
+}
+
+impl Topology {
+    pub fn single() -> Topology {
+        Topology {
+            rank: 0,
+            world_size: 1,
+            local_rank: 0,
+            local_world_size: 1,
+            node: 0,
+            nodes: 1,
+            host: hostname(),
+            launcher: "single process".to_string(),
+        }
+    }
+
+    /// Global rank 0: the one rank that writes the run directory.
+    pub fn is_root(&self) -> bool {
+        self.rank == 0
+    }
+}
+
+impl std::fmt::Display for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "rank {}/{} (local {}/{}) on node {}/{} ({}), {}",
+            self.rank,
+            self.world_size,
+            self.local_rank,
+            self.local_world_size,
+            self.node,
+            self.nodes,
+            self.host,
+            self.launcher
+        )
+    }
+}
+
+/// The collectives rtrain uses. Sums are in place; every rank ends with the same values.
+pub trait Communicator: Send + Sync {
+    fn topology(&self) -> &Topology;
+    fn all_reduce_sum_f32(&self, data: &mut [f32]);
+    fn all_reduce_sum_f64(&self, data: &mut [f64]);
+    /// Copies `root`'s bytes into every rank's `data` (all ranks pass the same length).
+    fn broadcast_bytes(&self, data: &mut [u8], root: usize);
+    fn barrier(&self);
+    /// Ends every process of the job with `code`.
+    fn abort(&self, code: i32) -> !;
+}
+
+/// A job of one: every collective is the identity.
+pub struct SingleProcess {
+    topology: Topology,
+}
+
+/// The communicator of a process that trains alone.
+pub fn single() -> Arc<dyn Communicator> {
+    Arc::new(SingleProcess { topology: Topology::single() })
+}
+
+impl Communicator for SingleProcess {
+    fn topology(&self) -> &Topology {
+        &self.topology
+    }
+    fn all_reduce_sum_f32(&self, _data: &mut [f32]) {}
+    fn all_reduce_sum_f64(&self, _data: &mut [f64]) {}
+    fn broadcast_bytes(&self, _data: &mut [u8], _root: usize) {}
+    fn barrier(&self) {}
+    fn abort(&self, code: i32) -> ! {
+        std::process::exit(code)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DistError {
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    #[error(
+        "launched by {launcher} as rank {rank} of {world_size}, but this rtrain was built without MPI \
+         (cargo feature `mpi`): rebuild with it, or start a single process"
+    )]
+    NoMpi { launcher: &'static str, rank: usize, world_size: usize },
+    #[error(
+        "launched by {launcher} as rank {rank} of {claimed} processes, but MPI sees a world of {found}: \
+         rtrain's MPI library is not the launcher's (use the mpirun that matches the container's Open MPI, \
+         or srun --mpi=pmix)"
+    )]
+    WorldMismatch { launcher: &'static str, rank: usize, claimed: usize, found: usize },
+    #[error("MPI_Init failed (MPI already initialised, or no MPI runtime for launcher {launcher})")]
+    Init { launcher: &'static str },
+    #[error("{what}: cannot all-reduce a tensor of kind {kind:?} (only float32 and float64)")]
+    Kind { what: String, kind: Kind },
+}
+
+/// Joins the job this process was launched into: MPI when a launcher's variables say so (even
+/// for a world of one, so that the MPI library's view is checked), else a single process.
+pub fn init() -> Result<Arc<dyn Communicator>, DistError> {
+    match launcher::detect_from_process()? {
+        None => Ok(single()),
+        Some(info) => init_launched(info),
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn init_launched(info: LaunchInfo) -> Result<Arc<dyn Communicator>, DistError> {
+    Ok(Arc::new(mpi::MpiCommunicator::init(&info)?))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn init_launched(info: LaunchInfo) -> Result<Arc<dyn Communicator>, DistError> {
+    if info.world_size > 1 {
+        return Err(DistError::NoMpi {
+            launcher: info.launcher,
+            rank: info.rank,
+            world_size: info.world_size,
+        });
+    }
+    Ok(single())
+}
+
+/// This machine's host name (for logs and the topology), or "unknown".
+pub fn hostname() -> String {
+    let mut buffer = [0u8; 256];
+    // SAFETY: the buffer is writable for its full length; gethostname NUL-terminates within it
+    // on success (we also bound the read by the buffer).
+    let status = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) };
+    if status != 0 {
+        return "unknown".to_string();
+    }
+    let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
+    String::from_utf8_lossy(&buffer[..end]).into_owned()
+}
+
+/// Whether a tensor's elements fill one block of memory with no gaps or overlaps, in any
+/// dimension order (contiguous and channels-last tensors both do).
+pub fn is_dense(size: &[i64], stride: &[i64]) -> bool {
+    let mut dims: Vec<(i64, i64)> =
+        stride.iter().copied().zip(size.iter().copied()).filter(|&(_, n)| n != 1).collect();
+    if dims.iter().any(|&(_, n)| n == 0) {
+        return true;
+    }
+    dims.sort_unstable();
+    let mut expected = 1;
+    for (stride, n) in dims {
+        if stride != expected {
+            return false;
+        }
+        expected *= n;
+    }
+    true
+}
+
+/// Runs `f` on the tensor's memory as bytes: in place for a dense CPU tensor, else on a CPU
+/// copy that is written back afterwards.
+fn with_host_bytes(tensor: &mut Tensor, f: impl FnOnce(&mut [u8])) {
+    tch::no_grad(|| {
+        let in_place = tensor.device() == Device::Cpu && is_dense(&tensor.size(), &tensor.stride());
+        let host = if in_place { tensor.shallow_clone() } else { tensor.to_device(Device::Cpu).contiguous() };
+        let len = host.numel() * host.kind().elt_size_in_bytes();
+        if len > 0 {
+            // SAFETY: `host` is a dense CPU tensor, so its `numel * element size` bytes from
+            // data_ptr are its elements and nothing else; we hold it (and so the storage) for
+            // the whole call, and no other reference writes it meanwhile.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(host.data_ptr().cast::<u8>(), len) };
+            f(bytes);
+        }
+        if !in_place {
+            tensor.copy_(&host);
+        }
+    })
+}
+
+/// Sums a float32 or float64 tensor over all ranks, in place.
+pub fn all_reduce_tensor(comm: &dyn Communicator, tensor: &mut Tensor, what: &str) -> Result<(), DistError> {
+    let kind = tensor.kind();
+    if !matches!(kind, Kind::Float | Kind::Double) {
+        return Err(DistError::Kind { what: what.to_string(), kind });
+    }
+    with_host_bytes(tensor, |bytes| match kind {
+        // Tensor memory is aligned for its element type (libtorch allocates 64-byte aligned).
+        Kind::Float => comm.all_reduce_sum_f32(bytemuck_f32(bytes)),
+        _ => comm.all_reduce_sum_f64(bytemuck_f64(bytes)),
+    });
+    Ok(())
+}
+
+/// Sums a float32 tensor over all ranks and divides by the world size, in place (gradients).
+pub fn all_reduce_mean(comm: &dyn Communicator, tensor: &mut Tensor) {
+    let scale = 1.0 / comm.topology().world_size as f32;
+    with_host_bytes(tensor, |bytes| {
+        let values = bytemuck_f32(bytes);
+        comm.all_reduce_sum_f32(values);
+        values.iter_mut().for_each(|v| *v *= scale);
+    });
+}
+
+/// Makes `tensor` equal to `root`'s on every rank (any element type).
+pub fn broadcast_tensor(comm: &dyn Communicator, tensor: &mut Tensor, root: usize) {
+    with_host_bytes(tensor, |bytes| comm.broadcast_bytes(bytes, root));
+}
+
+/// Makes every rank's parameters and buffers equal to rank 0's: at the start, so that all ranks
+/// begin identical, and for BatchNorm's running statistics before evaluation and checkpoints
+/// (each rank's statistics follow only its own batches), as PyTorch DDP does.
+pub fn broadcast_from_root(comm: &dyn Communicator, tensors: impl IntoIterator<Item = Tensor>) {
+    if comm.topology().world_size == 1 {
+        return;
+    }
+    for mut tensor in tensors {
+        broadcast_tensor(comm, &mut tensor, 0);
+    }
+}
+
+/// Sums `values` over all ranks (metrics: loss sums, counts, confusion matrices).
+pub fn sum_f64(comm: &dyn Communicator, values: &mut [f64]) {
+    comm.all_reduce_sum_f64(values);
+}
+
+/// `root`'s string on every rank (a run directory, a checkpoint path).
+pub fn broadcast_string(comm: &dyn Communicator, value: &str, root: usize) -> String {
+    if comm.topology().world_size == 1 {
+        return value.to_string();
+    }
+    let mut len = (value.len() as u64).to_le_bytes();
+    comm.broadcast_bytes(&mut len, root);
+    let mut bytes = value.as_bytes().to_vec();
+    bytes.resize(usize::try_from(u64::from_le_bytes(len)).unwrap_or(0), 0);
+    comm.broadcast_bytes(&mut bytes, root);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn bytemuck_f32(bytes: &mut [u8]) -> &mut [f32] {
+    assert!(bytes.as_ptr().align_offset(std::mem::align_of::<f32>()) == 0 && bytes.len() % 4 == 0);
+    // SAFETY: aligned (checked), length a multiple of 4, and every bit pattern is a valid f32.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f32>(), bytes.len() / 4) }
+}
+
+fn bytemuck_f64(bytes: &mut [u8]) -> &mut [f64] {
+    assert!(bytes.as_ptr().align_offset(std::mem::align_of::<f64>()) == 0 && bytes.len() % 8 == 0);
+    // SAFETY: aligned (checked), length a multiple of 8, and every bit pattern is a valid f64.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f64>(), bytes.len() / 8) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn density_of_layouts() {
+        assert!(is_dense(&[2, 3, 4, 5], &[60, 20, 5, 1]), "contiguous");
+        assert!(is_dense(&[2, 3, 4, 5], &[60, 1, 15, 3]), "channels-last");
+        assert!(!is_dense(&[2, 3], &[6, 2]), "strided view with gaps");
+        assert!(!is_dense(&[4, 4], &[1, 1]), "overlapping");
+        assert!(is_dense(&[3, 1], &[1, 7]), "size-1 dims have any stride");
+    }
+
+    #[test]
+    fn single_process_collectives_are_identity_and_tensors_round_trip() {
+        let comm = SingleProcess { topology: Topology::single() };
+        let mut t = Tensor::from_slice(&[1.0f32, 2.0, 3.0]);
+        all_reduce_tensor(&comm, &mut t, "t").unwrap();
+        assert_eq!(Vec::<f32>::try_from(&t).unwrap(), vec![1.0, 2.0, 3.0]);
+        let mut ints = Tensor::from_slice(&[1i64]);
+        let err = all_reduce_tensor(&comm, &mut ints, "counter").unwrap_err().to_string();
+        assert!(err.contains("counter") && err.contains("Int64"), "{err}");
+        assert_eq!(broadcast_string(&comm, "runs/a", 0), "runs/a");
+    }
+
+    #[test]
+    fn host_bytes_of_a_strided_tensor_write_back() {
+        // A non-dense view goes through a copy; what `f` writes must land in the view.
+        let base = Tensor::zeros([4, 4], (Kind::Float, Device::Cpu));
+        let mut column = base.narrow(1, 1, 1);
+        with_host_bytes(&mut column, |bytes| bytemuck_f32(bytes).fill(7.0));
+        let sum = base.sum(Kind::Double).double_value(&[]);
+        assert_eq!(sum, 28.0);
+        assert_eq!(base.double_value(&[2, 1]), 7.0);
+    }
+}

@@ -1,0 +1,167 @@
+//! The MPI communicator (Open MPI, MPICH and their derivatives, through the `mpi` crate).
+//!
+//! MPI is initialised with `MPI_THREAD_MULTIPLE` where the library offers it: gradient buckets
+//! are all-reduced on a communication thread while the main thread runs backward (Open MPI has
+//! no asynchronous progress, so a non-blocking call would not overlap). The collectives go
+//! through `mpi::ffi` because the safe API has no in-place all-reduce.
+
+use std::os::raw::{c_int, c_void};
+
+use mpi::ffi;
+use mpi::topology::{Color, Communicator as _};
+use mpi::traits::*;
+use mpi::Threading;
+
+use super::{hostname, Communicator, DistError, Topology};
+use crate::launcher::LaunchInfo;
+
+extern "C" {
+    /// `MPI_IN_PLACE` of the linked MPI library (src/shim/mpi_in_place.c).
+    fn rtrain_mpi_in_place() -> *mut c_void;
+}
+
+pub struct MpiCommunicator {
+    topology: Topology,
+    world: ffi::MPI_Comm,
+    /// Finalises MPI when dropped, after every other use.
+    _universe: mpi::environment::Universe,
+}
+
+// SAFETY: the communicator handle is only passed to MPI calls. With MPI_THREAD_MULTIPLE those
+// may come from any thread; with SERIALIZED, rtrain's callers never overlap them (the main
+// thread waits for the communication thread before its own collectives).
+unsafe impl Send for MpiCommunicator {}
+// SAFETY: as for Send; `&self` methods only read the handle.
+unsafe impl Sync for MpiCommunicator {}
+
+impl MpiCommunicator {
+    pub fn init(claim: &LaunchInfo) -> Result<MpiCommunicator, DistError> {
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
+            .ok_or(DistError::Init { launcher: claim.launcher })?;
+        let world = universe.world();
+        let (rank, world_size) = (to_usize(world.rank()), to_usize(world.size()));
+        if world_size != claim.world_size {
+            return Err(DistError::WorldMismatch {
+                launcher: claim.launcher,
+                rank: claim.rank,
+                claimed: claim.world_size,
+                found: world_size,
+            });
+        }
+        if threading < Threading::Serialized && world_size > 1 {
+            tracing::warn!("MPI offers only {threading:?} threading; gradient all-reduce may misbehave");
+        }
+        let shared = world.split_shared(world.rank());
+        let (local_rank, local_world_size) = (to_usize(shared.rank()), to_usize(shared.size()));
+        // Node index: the rank among the processes that are local rank 0, told to their node.
+        let color = if local_rank == 0 { Color::with_value(0) } else { Color::undefined() };
+        let leaders = world.split_by_color(color);
+        let mut node = [0u64; 2];
+        if let Some(leaders) = &leaders {
+            node = [u64::from(leaders.rank().unsigned_abs()), u64::from(leaders.size().unsigned_abs())];
+        }
+        shared.process_at_rank(0).broadcast_into(&mut node[..]);
+        let topology = Topology {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            node: usize::try_from(node[0]).unwrap_or(0),
+            nodes: usize::try_from(node[1]).unwrap_or(1),
+            host: hostname(),
+            launcher: claim.launcher.to_string(),
+        };
+        if world_size > 1 {
+            abort_job_on_panic(rank);
+        }
+        Ok(MpiCommunicator { topology, world: world.as_raw(), _universe: universe })
+    }
+}
+
+impl Communicator for MpiCommunicator {
+    fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    fn all_reduce_sum_f32(&self, data: &mut [f32]) {
+        // SAFETY: RSMPI_FLOAT is MPI_FLOAT, the type of f32.
+        self.all_reduce_sum(data, unsafe { ffi::RSMPI_FLOAT });
+    }
+
+    fn all_reduce_sum_f64(&self, data: &mut [f64]) {
+        // SAFETY: RSMPI_DOUBLE is MPI_DOUBLE, the type of f64.
+        self.all_reduce_sum(data, unsafe { ffi::RSMPI_DOUBLE });
+    }
+
+    fn broadcast_bytes(&self, data: &mut [u8], root: usize) {
+        let root = c_int::try_from(root).unwrap_or(0);
+        for chunk in data.chunks_mut(c_int::MAX as usize) {
+            // SAFETY: `chunk` is writable for its length on every rank; root's is read.
+            unsafe {
+                ffi::MPI_Bcast(
+                    chunk.as_mut_ptr().cast(),
+                    chunk.len() as c_int,
+                    ffi::RSMPI_UINT8_T,
+                    root,
+                    self.world,
+                );
+            }
+        }
+    }
+
+    fn barrier(&self) {
+        // SAFETY: a collective on a valid communicator.
+        unsafe {
+            ffi::MPI_Barrier(self.world);
+        }
+    }
+
+    fn abort(&self, code: i32) -> ! {
+        // SAFETY: MPI_Abort on a valid communicator; it does not return.
+        unsafe {
+            ffi::MPI_Abort(self.world, code);
+        }
+        std::process::exit(code)
+    }
+}
+
+impl MpiCommunicator {
+    /// In-place sum over the world, in chunks that MPI's `int` count can express. `datatype`
+    /// must be the MPI type of `T`.
+    fn all_reduce_sum<T>(&self, data: &mut [T], datatype: ffi::MPI_Datatype) {
+        for chunk in data.chunks_mut(c_int::MAX as usize) {
+            // SAFETY: an in-place sum of `chunk.len()` elements of `datatype` in memory we
+            // borrow mutably; MPI's default error handler aborts the job on failure, so there
+            // is no status to check.
+            unsafe {
+                ffi::MPI_Allreduce(
+                    rtrain_mpi_in_place(),
+                    chunk.as_mut_ptr().cast(),
+                    chunk.len() as c_int,
+                    datatype,
+                    ffi::RSMPI_SUM,
+                    self.world,
+                );
+            }
+        }
+    }
+}
+
+/// A panic unwinding out of one rank would leave the others blocked in their next collective
+/// for ever; after the default report, end the whole job instead.
+fn abort_job_on_panic(rank: usize) {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        eprintln!("rank {rank}: panicked; aborting the MPI job so that no rank waits for it");
+        // SAFETY: MPI is initialised (the hook is installed after MPI_Init); MPI_Abort ends
+        // every process of the job.
+        unsafe {
+            ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 70);
+        }
+    }));
+}
+
+fn to_usize(value: c_int) -> usize {
+    usize::try_from(value).unwrap_or(0)
+}

@@ -1,0 +1,342 @@
+//! Data-parallel training under a real `mpirun` (Open MPI, 2 ranks on this machine): the
+//! arithmetic of gradient averaging, agreement of the replicas, the GLOBAL_RANK-0-only rule for
+//! the run directory, and a failing or killed rank ending the whole job.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tch::Tensor;
+
+/// `mpirun` set up for this machine: root allowed, no core binding (2 ranks share 2 cores),
+/// shared memory without the ptrace-based single copy that containers forbid.
+fn mpirun(dir: &Path) -> Command {
+    let mut command = Command::new("mpirun");
+    command
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args(["--oversubscribe", "--bind-to", "none"])
+        .args(["--mca", "btl", "self,vader", "--mca", "btl_vader_single_copy_mechanism", "none"]);
+    command
+}
+
+fn rtrain_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_rtrain")
+}
+
+/// 4 classes x 24 training and 8 validation images: 96 divides into 6 steps of 16.
+fn synth(dir: &Path) -> PathBuf {
+    common::synth(dir, 24, 8, 40)
+}
+
+/// Settings under which 2 x batch B and 1 x batch 2B are the same arithmetic: fp32, BatchNorm
+/// frozen (its batch statistics would differ), one thread per rank, one epoch of 6 steps. The
+/// learning rate is small because a fresh network with frozen BatchNorm is not normalised: at
+/// 0.05 it is chaotic and blows 1e-8 rounding differences up to 1e-3 within 6 steps.
+fn exact_settings(data: &Path) -> Vec<String> {
+    [
+        format!("data.root={:?}", data.to_string_lossy()),
+        "data.image_size=32".into(),
+        "data.workers=0".into(),
+        "train.precision=\"fp32\"".into(),
+        "train.threads=1".into(),
+        "train.epochs=1".into(),
+        "optim.lr=0.005".into(),
+        "model.freeze_batchnorm=true".into(),
+        "checkpoint.keep_best=false".into(),
+    ]
+    .into_iter()
+    .flat_map(|setting| ["--set".to_string(), setting])
+    .collect()
+}
+
+fn run_ok(mut command: Command, what: &str) -> Output {
+    let output = command.output().unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    assert!(
+        output.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+fn weights(run: &Path) -> std::collections::BTreeMap<String, Tensor> {
+    rtrain::tensor_io::read_safetensors(&run.join("model.safetensors")).unwrap().tensors
+}
+
+fn max_abs_diff(
+    a: &std::collections::BTreeMap<String, Tensor>,
+    b: &std::collections::BTreeMap<String, Tensor>,
+) -> f64 {
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    a.iter()
+        .filter(|(name, _)| !name.ends_with("num_batches_tracked"))
+        .map(|(name, t)| (t - &b[name]).abs().max().double_value(&[]))
+        .fold(0.0, f64::max)
+}
+
+fn summary(run: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
+}
+
+/// Waits for a child up to `limit`; kills it and fails the test if it is still running.
+fn wait_within(child: &mut Child, limit: Duration, what: &str) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            panic!("{what}: still running after {limit:?} (a hang)");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// 2 ranks with batch 8 each take the same steps as 1 process with batch 16: the final weights
+/// agree within 1e-5. A single process with batch 8 (half the data per step) lands far away,
+/// so the comparison can tell.
+#[test]
+fn two_ranks_of_batch_b_equal_one_rank_of_batch_2b() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = synth(dir.path());
+    let settings = exact_settings(&data);
+
+    let mut two = mpirun(dir.path());
+    two.args(["-np", "2", rtrain_bin(), "train", "--run-dir", "two"])
+        .args(&settings)
+        .args(["--set", "data.batch_size=8"]);
+    run_ok(two, "mpirun -np 2");
+    for (name, batch) in [("one", "16"), ("half", "8")] {
+        common::rtrain(dir.path())
+            .args(["train", "--run-dir", name])
+            .args(&settings)
+            .args(["--set", &format!("data.batch_size={batch}")])
+            .assert()
+            .success();
+    }
+    let (two, one, half) = (dir.path().join("two"), dir.path().join("one"), dir.path().join("half"));
+    assert_eq!(summary(&two)["world_size"], 2);
+    assert_eq!(summary(&two)["global_batch_size"], 16);
+    assert_eq!(summary(&two)["global_steps"], 6);
+    assert_eq!(summary(&one)["global_steps"], 6);
+
+    let same = max_abs_diff(&weights(&two), &weights(&one));
+    let other = max_abs_diff(&weights(&half), &weights(&one));
+    assert!(same < 1e-5, "2 x 8 vs 1 x 16: max |diff| {same:e}");
+    assert!(other > 1e-3, "1 x 8 vs 1 x 16 should differ clearly, got {other:e}");
+    // The validation report covers every image once, whichever rank evaluated it.
+    assert_eq!(summary(&two)["final_eval"]["samples"], 32);
+    assert_eq!(summary(&two)["final_eval"]["confusion"], summary(&one)["final_eval"]["confusion"]);
+}
+
+/// Each rank runs in its own working directory with a relative run directory: only global
+/// rank 0's directory gets checkpoints, metrics and weights, and both ranks end with
+/// bit-identical weights (the digest each logs).
+#[test]
+fn only_rank_zero_writes_and_replicas_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = synth(dir.path());
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let mut settings = exact_settings(&data);
+    settings.extend(
+        ["--set", "train.precision=\"bf16\"", "--set", "model.freeze_batchnorm=false"].map(String::from),
+    );
+    settings.extend(["--set", "checkpoint.every_steps=2", "--set", "data.batch_size=8"].map(String::from));
+    let mut command = mpirun(dir.path());
+    for (rank, wdir) in [&a, &b].into_iter().enumerate() {
+        if rank > 0 {
+            command.arg(":");
+        }
+        command
+            .args(["-np", "1", "--wdir"])
+            .arg(wdir)
+            .args([rtrain_bin(), "--log-all-ranks", "--log-format", "json", "train", "--run-dir", "run"])
+            .args(&settings);
+    }
+    let output = run_ok(command, "mpirun with a working directory per rank");
+
+    let run = a.join("run");
+    assert!(run.join("model.safetensors").exists() && run.join("metrics.jsonl").exists());
+    let checkpoints = rtrain::checkpoint::list_step_checkpoints(&run.join("checkpoints")).unwrap();
+    assert!(!checkpoints.is_empty(), "rank 0 saved no checkpoint");
+    assert!(!b.join("run").exists(), "rank 1 wrote into its own working directory");
+
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let digests: Vec<(u64, String)> = stderr
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter_map(|record| {
+            let message = record["message"].as_str()?.to_string();
+            let digest = message.strip_prefix("final weights digest ")?.split(' ').next()?.to_string();
+            Some((record["span"]["rank"].as_u64()?, digest))
+        })
+        .collect();
+    assert_eq!(digests.len(), 2, "one digest per rank in:\n{stderr}");
+    assert_ne!(digests[0].0, digests[1].0, "both digests came from one rank");
+    assert_eq!(digests[0].1, digests[1].1, "ranks ended with different weights");
+    // And the file rank 0 saved is that model (the digest covers the same tensors).
+    assert_eq!(summary(&run)["world_size"], 2);
+}
+
+/// A rank that fails (here: a configuration only rank 1 gets wrong) ends the whole job promptly
+/// with a non-zero status and a message naming the rank, instead of leaving rank 0 waiting in
+/// a collective.
+#[test]
+fn a_failing_rank_ends_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = synth(dir.path());
+    let settings = exact_settings(&data);
+    let mut command = mpirun(dir.path());
+    command
+        .args(["-np", "1", rtrain_bin(), "train", "--run-dir", "run"])
+        .args(&settings)
+        .args([":", "-np", "1", rtrain_bin(), "train", "--run-dir", "run"])
+        .args(&settings)
+        .args(["--set", "optim.lr=-1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().unwrap();
+    let status = wait_within(&mut child, Duration::from_secs(60), "job with a failing rank");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "the job succeeded although rank 1 failed:\n{stderr}");
+    assert!(stderr.contains("rank 1") && stderr.contains("optim.lr"), "{stderr}");
+}
+
+/// The pid of the `rtrain` process that mpirun started as world rank `rank`.
+fn rank_pid(rank: usize) -> Option<u32> {
+    let wanted = format!("OMPI_COMM_WORLD_RANK={rank}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
+        let environ = std::fs::read(entry.path().join("environ")).ok()?;
+        let is_rank = environ.split(|&b| b == 0).any(|var| var == wanted.as_bytes());
+        (comm.trim() == "rtrain" && is_rank).then_some(pid)
+    })
+}
+
+/// SIGKILL of rank 1 mid-epoch: mpirun ends the job within seconds with a failure, the newest
+/// checkpoint is intact, and `--resume auto` under a new mpirun finishes the run.
+#[test]
+fn a_killed_rank_ends_the_job_and_the_run_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = synth(dir.path());
+    let mut settings = exact_settings(&data);
+    settings.extend(
+        ["--set", "train.epochs=4", "--set", "checkpoint.every_steps=1", "--set", "data.batch_size=8"]
+            .map(String::from),
+    );
+    let run = dir.path().join("run");
+    let mut first = mpirun(dir.path());
+    first
+        .args(["-np", "2", rtrain_bin(), "train", "--run-dir", "run"])
+        .args(&settings)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = first.spawn().unwrap();
+    let started = Instant::now();
+    loop {
+        let saved = rtrain::checkpoint::list_step_checkpoints(&run.join("checkpoints")).unwrap_or_default();
+        if saved.len() >= 2 {
+            break;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the job ended before the kill");
+        assert!(started.elapsed() < Duration::from_secs(120), "no checkpoint after 2 minutes");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let victim = rank_pid(1).expect("rank 1's process");
+    // SAFETY: kill(2) on a pid we just found; the worst case is signalling nothing.
+    assert_eq!(unsafe { libc::kill(victim as i32, libc::SIGKILL) }, 0);
+    let killed_at = Instant::now();
+    let status = wait_within(&mut child, Duration::from_secs(30), "job after SIGKILL of rank 1");
+    assert!(!status.success(), "mpirun reported success after a rank was killed");
+    eprintln!("job ended {:.1} s after the kill", killed_at.elapsed().as_secs_f64());
+    assert!(!run.join("summary.json").exists(), "the run cannot have finished");
+    let latest = rtrain::checkpoint::latest_valid(&run.join("checkpoints")).expect("a valid checkpoint");
+    rtrain::checkpoint::load(&latest, None).expect("the newest checkpoint loads");
+
+    let mut resumed = mpirun(dir.path());
+    resumed.args(["-np", "2", rtrain_bin(), "train", "--run-dir", "run", "--resume", "auto"]).args(&settings);
+    run_ok(resumed, "mpirun --resume auto");
+    let summary = summary(&run);
+    assert_eq!(summary["global_steps"], 24, "4 epochs x 6 steps");
+    assert!(summary["resumed_from"].as_str().is_some());
+}
+
+/// Tears the simulated cluster down however the test ends.
+struct Cluster;
+
+impl Cluster {
+    fn up(nodes: usize, rate: &str) -> Cluster {
+        let script = common::repo().join("scripts/simcluster");
+        let _ = Command::new(&script).arg("down").output();
+        let output = Command::new(&script)
+            .args(["up", "--nodes", &nodes.to_string(), "--rate", rate])
+            .output()
+            .expect("start scripts/simcluster");
+        assert!(
+            output.status.success(),
+            "simcluster up failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Cluster
+    }
+
+    fn mpirun(&self, dir: &Path) -> Command {
+        let mut command = Command::new(common::repo().join("scripts/simcluster"));
+        command
+            .arg("mpirun")
+            .current_dir(dir)
+            .env_remove("RUST_LOG")
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        command
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new(common::repo().join("scripts/simcluster")).arg("down").output();
+    }
+}
+
+/// Two "nodes" (network namespaces with their own host names and addresses, a 1 Gbit/s link,
+/// scripts/simcluster): one rank per node, gradients over TCP. The ranks see two nodes of one
+/// rank each and take the same steps as one process with the whole batch.
+#[test]
+fn two_simulated_nodes_train_like_one_process() {
+    let cluster = Cluster::up(2, "1gbit");
+    let dir = tempfile::tempdir().unwrap();
+    let data = synth(dir.path());
+    let settings = exact_settings(&data);
+    let mut two = cluster.mpirun(dir.path());
+    two.args(["-np", "2", "--map-by", "ppr:1:node", rtrain_bin(), "--log-all-ranks", "train", "--run-dir"])
+        .arg(dir.path().join("two"))
+        .args(&settings)
+        .args(["--set", "data.batch_size=8"]);
+    let output = run_ok(two, "2 ranks on 2 simulated nodes");
+    drop(cluster);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("rank 1/2 (local 0/1) on node 1/2 (node1)"), "rank 1's topology:\n{stderr}");
+    common::rtrain(dir.path())
+        .args(["train", "--run-dir", "one"])
+        .args(&settings)
+        .args(["--set", "data.batch_size=16"])
+        .assert()
+        .success();
+    let two = dir.path().join("two");
+    assert_eq!(summary(&two)["nodes"], 2);
+    let diff = max_abs_diff(&weights(&two), &weights(&dir.path().join("one")));
+    assert!(diff < 1e-5, "2 nodes x 8 vs 1 x 16: max |diff| {diff:e}");
+}
