@@ -13,7 +13,7 @@ use std::path::PathBuf;
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/shim/shim.cpp");
-    println!("cargo:rerun-if-changed=src/shim/mpi_in_place.c");
+    println!("cargo:rerun-if-changed=src/shim/mpi_shim.c");
     let lib_dir = PathBuf::from(
         std::env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys did not report its libtorch directory"),
     );
@@ -49,7 +49,7 @@ fn compile_mpi_shim() {
         Err(errors) => panic!("the mpi feature needs an MPI library (e.g. libopenmpi-dev): {errors:?}"),
     };
     let mut build = cc::Build::new();
-    build.file("src/shim/mpi_in_place.c");
+    build.file("src/shim/mpi_shim.c");
     for include in &library.include_paths {
         build.include(include);
     }

@@ -102,7 +102,9 @@ def main():
             "nodes": int(os.environ.get("RTRAIN_BENCH_NODES", world)),
             "global_batch_size": args.batch_size * world,
         }, indent=2))
-    dist.destroy_process_group()
+    # Every rank leaves together; no destroy_process_group: rank 0 hosts the rendezvous store,
+    # and a peer still tearing down after rank 0 exits waits for it for ever.
+    dist.barrier()
 
 
 if __name__ == "__main__":

@@ -116,6 +116,8 @@ pub struct AllreduceBenchResult {
     pub gradient_bytes: usize,
     pub bucket_mb: f64,
     pub buckets: usize,
+    /// Timed as the communication thread calls it (non-blocking, polled), else blocking.
+    pub background: bool,
     pub seconds: Vec<f64>,
     pub median_seconds: f64,
     /// Gradient bytes per second, in Gbit/s.
@@ -124,13 +126,15 @@ pub struct AllreduceBenchResult {
     pub busbw_gbit: f64,
 }
 
-/// Times the all-reduce of `arch`'s trainable gradients in buckets of `bucket_mb`, as the
-/// communication thread runs it: every bucket in turn, blocking. A collective: all ranks call
-/// it with the same arguments. Times are rank 0's, each from a barrier.
+/// Times the all-reduce of `arch`'s trainable gradients in buckets of `bucket_mb`, every
+/// bucket in turn, either as the communication thread runs it (`background`: non-blocking,
+/// polled without spinning) or with blocking calls. A collective: all ranks call it with the
+/// same arguments. Times are rank 0's, each from a barrier.
 pub fn bench_allreduce(
     comm: &dyn Communicator,
     arch: Arch,
     bucket_mb: f64,
+    background: bool,
     warmup: usize,
     iterations: usize,
 ) -> Result<AllreduceBenchResult, BenchError> {
@@ -147,7 +151,11 @@ pub fn bench_allreduce(
         comm.barrier();
         let started = Instant::now();
         for bucket in &mut buckets {
-            comm.all_reduce_sum_f32(bucket);
+            if background {
+                comm.all_reduce_sum_f32_background(bucket);
+            } else {
+                comm.all_reduce_sum_f32(bucket);
+            }
         }
         if i >= warmup {
             seconds.push(started.elapsed().as_secs_f64());
@@ -164,6 +172,7 @@ pub fn bench_allreduce(
         gradient_bytes,
         bucket_mb,
         buckets: layout.len(),
+        background,
         seconds,
         median_seconds,
         algbw_gbit,

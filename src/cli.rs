@@ -14,7 +14,7 @@ use crate::checkpoint;
 use crate::config::{Config, LoadedConfig, DEFAULT_DATA_ROOT};
 use crate::data::folder::ImageFolder;
 use crate::data::{idx, synth, transforms};
-use crate::dist::{self, Communicator};
+use crate::dist::{self, AllreduceAlgorithm, Communicator};
 use crate::eval;
 use crate::launcher;
 use crate::logging::{self, LogFormat};
@@ -234,6 +234,12 @@ pub enum BenchCommand {
         /// The link's rate in Gbit/s, to print bus bandwidth as a share of it.
         #[arg(long)]
         link_gbit: Option<f64>,
+        /// The all-reduce algorithm to ask MPI for (as `dist.allreduce`).
+        #[arg(long, value_enum, default_value_t = AllreduceAlgorithm::Auto)]
+        algorithm: AllreduceAlgorithm,
+        /// Time blocking calls instead of the communication thread's polled non-blocking ones.
+        #[arg(long)]
+        blocking: bool,
         #[arg(long)]
         json: bool,
     },
@@ -268,8 +274,18 @@ pub fn run(cli: Cli) -> Result<()> {
             print!("{}", args.load()?.show()?);
             Ok(())
         }
-        Command::Bench(BenchCommand::Allreduce { arch, bucket_mb, warmup, iterations, link_gbit, json }) => {
-            cmd_bench_allreduce(&arch, &bucket_mb, warmup, iterations, link_gbit, json)
+        Command::Bench(BenchCommand::Allreduce {
+            arch,
+            bucket_mb,
+            warmup,
+            iterations,
+            link_gbit,
+            algorithm,
+            blocking,
+            json,
+        }) => {
+            let options = AllreduceOptions { warmup, iterations, link_gbit, algorithm, blocking, json };
+            cmd_bench_allreduce(&arch, &bucket_mb, &options)
         }
         Command::Bench(BenchCommand::Step {
             arch,
@@ -310,20 +326,27 @@ pub fn run(cli: Cli) -> Result<()> {
     }
 }
 
-fn cmd_bench_allreduce(
-    archs: &[Arch],
-    bucket_mbs: &[f64],
+#[derive(Clone, Copy)]
+struct AllreduceOptions {
     warmup: usize,
     iterations: usize,
     link_gbit: Option<f64>,
+    algorithm: AllreduceAlgorithm,
+    blocking: bool,
     json: bool,
-) -> Result<()> {
-    let comm = dist::init()?;
+}
+
+fn cmd_bench_allreduce(archs: &[Arch], bucket_mbs: &[f64], options: &AllreduceOptions) -> Result<()> {
+    let AllreduceOptions { warmup, iterations, link_gbit, algorithm, blocking, json } = *options;
+    let comm = dist::init(algorithm)?;
     let topology = comm.topology().clone();
     if topology.is_root() && !json {
         println!(
-            "all-reduce of gradients: {} ranks on {} nodes ({})",
-            topology.world_size, topology.nodes, topology.launcher
+            "all-reduce of gradients: {} ranks on {} nodes ({}), {} calls",
+            topology.world_size,
+            topology.nodes,
+            topology.launcher,
+            if blocking { "blocking" } else { "polled non-blocking (as training's communication thread)" }
         );
     }
     for &arch in archs {
@@ -331,7 +354,8 @@ fn cmd_bench_allreduce(
             if bucket_mb.is_nan() || bucket_mb <= 0.0 {
                 bail!("--bucket-mb {bucket_mb}: must be positive");
             }
-            let result = bench::bench_allreduce(comm.as_ref(), arch, bucket_mb, warmup, iterations)?;
+            let result =
+                bench::bench_allreduce(comm.as_ref(), arch, bucket_mb, !blocking, warmup, iterations)?;
             if !topology.is_root() {
                 continue;
             }
@@ -384,12 +408,16 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
 }
 
 fn cmd_train(args: TrainArgs) -> Result<()> {
-    let comm = dist::init()?;
+    // The configuration chooses the all-reduce algorithm, which must be set before MPI starts;
+    // but a bad configuration is reported after it, so that the job ends as a whole.
+    let loaded = args.config.load();
+    let algorithm = loaded.as_ref().map(|l| l.config.dist.allreduce).unwrap_or_default();
+    let comm = dist::init(algorithm)?;
     let topology = comm.topology().clone();
     if topology.world_size > 1 {
         tracing::info!("data-parallel job: {topology}");
     }
-    let result = train_in_job(args, comm.clone());
+    let result = loaded.and_then(|loaded| train_in_job(args, &loaded.config, comm.clone()));
     if let (Err(error), true) = (&result, topology.world_size > 1) {
         // Returning would leave the other ranks blocked in their next collective (and MPI's
         // finalisation): end the whole job, naming this rank.
@@ -399,10 +427,9 @@ fn cmd_train(args: TrainArgs) -> Result<()> {
     result
 }
 
-fn train_in_job(args: TrainArgs, comm: Arc<dyn Communicator>) -> Result<()> {
-    let config = args.config.load()?.config;
-    ensure_default_data(&config, comm.as_ref())?;
-    let run_dir = args.run_dir.unwrap_or_else(|| default_run_dir(&config));
+fn train_in_job(args: TrainArgs, config: &Config, comm: Arc<dyn Communicator>) -> Result<()> {
+    ensure_default_data(config, comm.as_ref())?;
+    let run_dir = args.run_dir.unwrap_or_else(|| default_run_dir(config));
     // Rank 0's name: a time-stamped default could differ between ranks by a second.
     let run_dir = PathBuf::from(dist::broadcast_string(comm.as_ref(), &run_dir.to_string_lossy(), 0));
     let resume = match args.resume.as_deref() {
@@ -418,7 +445,7 @@ fn train_in_job(args: TrainArgs, comm: Arc<dyn Communicator>) -> Result<()> {
         );
     }
     let is_root = comm.topology().is_root();
-    train::train(&config, &run_dir, resume, comm)?;
+    train::train(config, &run_dir, resume, comm)?;
     if is_root {
         println!("{}", run_dir.join("summary.json").display());
     }
@@ -564,7 +591,7 @@ fn cmd_doctor(args: DoctorArgs) -> Result<()> {
     let (compute, why) = train::compute_for(&config, device);
     // Under a launcher, join the job to show what MPI says (the communicator is the truth).
     let topology = match launcher::detect_from_process()? {
-        Some(_) => Some(dist::init()?.topology().clone()),
+        Some(_) => Some(dist::init(AllreduceAlgorithm::Mpi)?.topology().clone()),
         None => None,
     };
     let report = serde_json::json!({
@@ -588,6 +615,10 @@ fn cmd_doctor(args: DoctorArgs) -> Result<()> {
         "distributed": {
             "mpi_built_in": cfg!(feature = "mpi"),
             "job": topology,
+            "rank_device": topology.as_ref().map(|t| {
+                dist::device_for(t, usize::try_from(tch::Cuda::device_count()).unwrap_or(0))
+                    .map_or_else(|e| e.to_string(), |d| format!("{d:?}"))
+            }),
         },
     });
     if args.json {

@@ -16,6 +16,7 @@ use figment::{Figment, Metadata, Profile, Provider};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::dist::AllreduceAlgorithm;
 use crate::model::Arch;
 use crate::precision::PrecisionSetting;
 use crate::sampler::UnevenTail;
@@ -193,11 +194,19 @@ pub struct DistConfig {
     /// Start each bucket's all-reduce during backward, as soon as its gradients are final
     /// (false: all buckets after backward; for measuring what the overlap gains).
     pub overlap: bool,
+    /// The all-reduce algorithm asked of the MPI library (`auto`: recursive doubling for two
+    /// ranks, ring for more, with Open MPI; `mpi`: the library's own choice).
+    pub allreduce: AllreduceAlgorithm,
 }
 
 impl Default for DistConfig {
     fn default() -> Self {
-        DistConfig { bucket_mb: 25.0, uneven: UnevenTail::Pad, overlap: true }
+        DistConfig {
+            bucket_mb: 25.0,
+            uneven: UnevenTail::Pad,
+            overlap: true,
+            allreduce: AllreduceAlgorithm::Auto,
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use std::thread::JoinHandle;
 
 use tch::{Kind, Tensor};
 
-use super::{all_reduce_mean, Communicator};
+use super::{all_reduce_mean_in_background, Communicator};
 use crate::precision::{check, ShimError};
 
 /// PyTorch DDP's `bucket_cap_mb` for the first bucket: small, so communication starts as soon
@@ -339,7 +339,7 @@ extern "C" fn grad_ready(context: *mut c_void, index: usize) {
 /// The communication thread: one blocking all-reduce per bucket, in arrival order.
 fn communicate(comm: &dyn Communicator, jobs: Receiver<Job>, done: Sender<usize>) {
     for mut job in jobs {
-        all_reduce_mean(comm, &mut job.flat);
+        all_reduce_mean_in_background(comm, &mut job.flat);
         if done.send(job.bucket).is_err() {
             break;
         }

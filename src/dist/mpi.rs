@@ -12,12 +12,14 @@ use mpi::topology::{Color, Communicator as _};
 use mpi::traits::*;
 use mpi::Threading;
 
-use super::{hostname, Communicator, DistError, Topology};
+use super::{hostname, AllreduceAlgorithm, Communicator, DistError, Topology};
 use crate::launcher::LaunchInfo;
 
 extern "C" {
-    /// `MPI_IN_PLACE` of the linked MPI library (src/shim/mpi_in_place.c).
+    /// `MPI_IN_PLACE` of the linked MPI library (src/shim/mpi_shim.c).
     fn rtrain_mpi_in_place() -> *mut c_void;
+    /// Whether that library is Open MPI.
+    fn rtrain_mpi_is_open_mpi() -> c_int;
 }
 
 pub struct MpiCommunicator {
@@ -35,7 +37,8 @@ unsafe impl Send for MpiCommunicator {}
 unsafe impl Sync for MpiCommunicator {}
 
 impl MpiCommunicator {
-    pub fn init(claim: &LaunchInfo) -> Result<MpiCommunicator, DistError> {
+    pub fn init(claim: &LaunchInfo, algorithm: AllreduceAlgorithm) -> Result<MpiCommunicator, DistError> {
+        let chosen = select_open_mpi_allreduce(algorithm, claim.world_size);
         let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
             .ok_or(DistError::Init { launcher: claim.launcher })?;
         let world = universe.world();
@@ -72,6 +75,7 @@ impl MpiCommunicator {
             launcher: claim.launcher.to_string(),
         };
         if world_size > 1 {
+            tracing::info!("all-reduce algorithm: {chosen}");
             abort_job_on_panic(rank);
         }
         Ok(MpiCommunicator { topology, world: world.as_raw(), _universe: universe })
@@ -91,6 +95,42 @@ impl Communicator for MpiCommunicator {
     fn all_reduce_sum_f64(&self, data: &mut [f64]) {
         // SAFETY: RSMPI_DOUBLE is MPI_DOUBLE, the type of f64.
         self.all_reduce_sum(data, unsafe { ffi::RSMPI_DOUBLE });
+    }
+
+    /// A non-blocking all-reduce, tested every [`POLL_INTERVAL`] with sleeps in between: a
+    /// blocking MPI call spins a core until the data arrives, and on a node whose cores are all
+    /// training that spinning slows backward by as much as the overlap gains. (Open MPI has no
+    /// asynchronous progress, so the tests are what moves the data; a socket buffer holds far
+    /// more than a link carries in one interval.)
+    fn all_reduce_sum_f32_background(&self, data: &mut [f32]) {
+        for chunk in data.chunks_mut(c_int::MAX as usize) {
+            // SAFETY: MPI_Request is a plain handle; REQUEST_NULL is its empty value.
+            let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+            // SAFETY: an in-place sum of `chunk.len()` floats in memory we borrow mutably until
+            // the request completes below (we do not return before it does).
+            unsafe {
+                ffi::MPI_Iallreduce(
+                    rtrain_mpi_in_place(),
+                    chunk.as_mut_ptr().cast(),
+                    chunk.len() as c_int,
+                    ffi::RSMPI_FLOAT,
+                    ffi::RSMPI_SUM,
+                    self.world,
+                    &mut request,
+                );
+            }
+            let mut done: c_int = 0;
+            loop {
+                // SAFETY: tests the request started above; status is ignored.
+                unsafe {
+                    ffi::MPI_Test(&mut request, &mut done, ffi::RSMPI_STATUS_IGNORE);
+                }
+                if done != 0 {
+                    break;
+                }
+                std::thread::sleep(POLL_INTERVAL);
+            }
+        }
     }
 
     fn broadcast_bytes(&self, data: &mut [u8], root: usize) {
@@ -144,6 +184,49 @@ impl MpiCommunicator {
                 );
             }
         }
+    }
+}
+
+/// How long the communication thread sleeps between tests of a pending all-reduce.
+const POLL_INTERVAL: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// Open MPI's algorithm numbers: `coll_tuned_allreduce_algorithm` (blocking) and
+/// `coll_libnbc_iallreduce_algorithm` (non-blocking, the communication thread's).
+fn open_mpi_numbers(algorithm: AllreduceAlgorithm) -> Option<(u32, u32)> {
+    match algorithm {
+        AllreduceAlgorithm::RecursiveDoubling => Some((3, 4)),
+        AllreduceAlgorithm::Ring => Some((4, 1)),
+        AllreduceAlgorithm::Rabenseifner => Some((6, 3)),
+        AllreduceAlgorithm::Auto | AllreduceAlgorithm::Mpi => None,
+    }
+}
+
+/// Asks Open MPI's tuned collectives for the algorithm through its MCA variables, which
+/// MPI_Init reads from the environment. A variable the user set wins. Returns what was chosen,
+/// for the log.
+fn select_open_mpi_allreduce(algorithm: AllreduceAlgorithm, world_size: usize) -> String {
+    const VARIABLE: &str = "OMPI_MCA_coll_tuned_allreduce_algorithm";
+    // SAFETY: a constant query of the linked library.
+    let open_mpi = unsafe { rtrain_mpi_is_open_mpi() } != 0;
+    if let Ok(value) = std::env::var(VARIABLE) {
+        return format!("{VARIABLE}={value} (set by the user)");
+    }
+    let wanted = match algorithm {
+        AllreduceAlgorithm::Auto if world_size == 2 => AllreduceAlgorithm::RecursiveDoubling,
+        AllreduceAlgorithm::Auto if world_size > 2 => AllreduceAlgorithm::Ring,
+        other => other,
+    };
+    match (open_mpi, open_mpi_numbers(wanted)) {
+        (true, Some((tuned, libnbc))) => {
+            // Before MPI_Init, while this process has no other threads that read the
+            // environment.
+            std::env::set_var("OMPI_MCA_coll_tuned_use_dynamic_rules", "1");
+            std::env::set_var(VARIABLE, tuned.to_string());
+            std::env::set_var("OMPI_MCA_coll_libnbc_iallreduce_algorithm", libnbc.to_string());
+            format!("{wanted:?} (Open MPI tuned {tuned}, libnbc {libnbc}; dist.allreduce = {algorithm:?})")
+        }
+        (false, Some(_)) => format!("the MPI library's choice ({wanted:?} is only selectable with Open MPI)"),
+        (_, None) => "the MPI library's choice".to_string(),
     }
 }
 
