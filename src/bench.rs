@@ -134,7 +134,7 @@ pub fn bench_allreduce(
     comm: &dyn Communicator,
     arch: Arch,
     bucket_mb: f64,
-    background: bool,
+    poll: Option<std::time::Duration>,
     warmup: usize,
     iterations: usize,
 ) -> Result<AllreduceBenchResult, BenchError> {
@@ -151,10 +151,9 @@ pub fn bench_allreduce(
         comm.barrier();
         let started = Instant::now();
         for bucket in &mut buckets {
-            if background {
-                comm.all_reduce_sum_f32_background(bucket);
-            } else {
-                comm.all_reduce_sum_f32(bucket);
+            match poll {
+                Some(poll) => comm.all_reduce_sum_f32_background(bucket, poll),
+                None => comm.all_reduce_sum_f32(bucket),
             }
         }
         if i >= warmup {
@@ -172,7 +171,7 @@ pub fn bench_allreduce(
         gradient_bytes,
         bucket_mb,
         buckets: layout.len(),
-        background,
+        background: poll.is_some(),
         seconds,
         median_seconds,
         algbw_gbit,

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -354,8 +355,10 @@ fn cmd_bench_allreduce(archs: &[Arch], bucket_mbs: &[f64], options: &AllreduceOp
             if bucket_mb.is_nan() || bucket_mb <= 0.0 {
                 bail!("--bucket-mb {bucket_mb}: must be positive");
             }
-            let result =
-                bench::bench_allreduce(comm.as_ref(), arch, bucket_mb, !blocking, warmup, iterations)?;
+            // The poll interval training uses by default (`dist.poll_us`).
+            let poll =
+                (!blocking).then(|| Duration::from_micros(crate::config::DistConfig::default().poll_us));
+            let result = bench::bench_allreduce(comm.as_ref(), arch, bucket_mb, poll, warmup, iterations)?;
             if !topology.is_root() {
                 continue;
             }

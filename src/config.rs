@@ -197,6 +197,9 @@ pub struct DistConfig {
     /// The all-reduce algorithm asked of the MPI library (`auto`: recursive doubling for two
     /// ranks, ring for more, with Open MPI; `mpi`: the library's own choice).
     pub allreduce: AllreduceAlgorithm,
+    /// Microseconds between the communication thread's tests of a pending all-reduce; 0 makes
+    /// blocking calls (which spin a core; for fast interconnects with cores to spare).
+    pub poll_us: u64,
 }
 
 impl Default for DistConfig {
@@ -206,6 +209,7 @@ impl Default for DistConfig {
             uneven: UnevenTail::Pad,
             overlap: true,
             allreduce: AllreduceAlgorithm::Auto,
+            poll_us: 200,
         }
     }
 }

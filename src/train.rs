@@ -26,7 +26,7 @@ use crate::config::Config;
 use crate::data::folder::{DataError, ImageFolder};
 use crate::data::loader::{Loader, LoaderOptions};
 use crate::data::transforms::{Augment, Transform};
-use crate::dist::grad_sync::{GradSync, GradSyncError};
+use crate::dist::grad_sync::{GradSync, GradSyncError, SyncOptions};
 use crate::dist::{self, Communicator, DistError};
 use crate::eval::{self, EvalReport};
 use crate::metrics::{MetricsError, MetricsLog, StepRecord};
@@ -355,8 +355,11 @@ pub fn train(
         run.grad_sync = Some(GradSync::new(
             comm.clone(),
             run.model.trainable(),
-            config.dist.bucket_mb,
-            config.dist.overlap,
+            SyncOptions {
+                bucket_mb: config.dist.bucket_mb,
+                overlap: config.dist.overlap,
+                poll: std::time::Duration::from_micros(config.dist.poll_us),
+            },
         )?);
     }
 

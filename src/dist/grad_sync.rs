@@ -88,6 +88,17 @@ struct Plan {
     overlap: bool,
 }
 
+/// How gradients are synchronised (the `[dist]` settings that matter here).
+#[derive(Debug, Clone, Copy)]
+pub struct SyncOptions {
+    /// Bucket size in MiB.
+    pub bucket_mb: f64,
+    /// Start each bucket's all-reduce during backward as soon as it is full.
+    pub overlap: bool,
+    /// How often the communication thread tests a pending all-reduce (zero: blocking calls).
+    pub poll: std::time::Duration,
+}
+
 impl Plan {
     fn mark_ready(&mut self, index: usize) {
         if self.ready[index] {
@@ -146,14 +157,13 @@ pub struct GradSync {
 
 impl GradSync {
     /// Puts the gradients of `params` (trainable, float32, already in their final memory
-    /// format) into buckets of at most `bucket_mb` MiB and hooks their accumulators. With
-    /// `overlap`, each bucket's all-reduce starts during backward as soon as it is full.
+    /// format) into buckets and hooks their accumulators.
     pub fn new(
         comm: Arc<dyn Communicator>,
         params: Vec<(String, Tensor)>,
-        bucket_mb: f64,
-        overlap: bool,
+        options: SyncOptions,
     ) -> Result<GradSync, GradSyncError> {
+        let SyncOptions { bucket_mb, overlap, poll } = options;
         for (name, param) in &params {
             if param.kind() != Kind::Float {
                 return Err(GradSyncError::Kind { name: name.clone(), kind: param.kind() });
@@ -165,7 +175,7 @@ impl GradSync {
         let worker_comm = comm.clone();
         let worker = std::thread::Builder::new()
             .name("rtrain-allreduce".to_string())
-            .spawn(move || communicate(worker_comm.as_ref(), job_queue, done_sender))
+            .spawn(move || communicate(worker_comm.as_ref(), job_queue, done_sender, poll))
             .map_err(|_| GradSyncError::ThreadGone)?;
         let plan = Plan {
             bucket_of: vec![0; params.len()],
@@ -337,9 +347,9 @@ extern "C" fn grad_ready(context: *mut c_void, index: usize) {
 }
 
 /// The communication thread: one blocking all-reduce per bucket, in arrival order.
-fn communicate(comm: &dyn Communicator, jobs: Receiver<Job>, done: Sender<usize>) {
+fn communicate(comm: &dyn Communicator, jobs: Receiver<Job>, done: Sender<usize>, poll: std::time::Duration) {
     for mut job in jobs {
-        all_reduce_mean_in_background(comm, &mut job.flat);
+        all_reduce_mean_in_background(comm, &mut job.flat, poll);
         if done.send(job.bucket).is_err() {
             break;
         }
@@ -380,6 +390,10 @@ mod tests {
     use crate::dist::{SingleProcess, Topology};
     use tch::Device;
 
+    fn options(bucket_mb: f64, overlap: bool) -> SyncOptions {
+        SyncOptions { bucket_mb, overlap, poll: std::time::Duration::from_micros(200) }
+    }
+
     #[test]
     fn layout_respects_caps_and_order() {
         // 4 bytes per element: caps of 40 and 100 bytes are 10 and 25 elements.
@@ -409,7 +423,7 @@ mod tests {
             // Tiny caps: one parameter per bucket. Given last layer last, the initial (reverse)
             // order puts w1 first, although backward finishes w2 first.
             let params = vec![("w2".into(), w2.shallow_clone()), ("w1".into(), w1.shallow_clone())];
-            let mut sync = GradSync::new(comm, params, 1e-6, overlap).unwrap();
+            let mut sync = GradSync::new(comm, params, options(1e-6, overlap)).unwrap();
             assert_eq!(sync.buckets(), vec![vec![1], vec![0]]);
             for step in 0..2 {
                 sync.zero_grad();
@@ -430,7 +444,8 @@ mod tests {
         let comm: Arc<dyn Communicator> = Arc::new(SingleProcess { topology: Topology::single() });
         let w = Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let mut sync =
-            GradSync::new(comm, vec![("shared.weight".into(), w.shallow_clone())], 25.0, true).unwrap();
+            GradSync::new(comm, vec![("shared.weight".into(), w.shallow_clone())], options(25.0, true))
+                .unwrap();
         sync.zero_grad();
         (&w * 2.0).sum(Kind::Float).backward();
         (&w * 3.0).sum(Kind::Float).backward();

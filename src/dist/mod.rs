@@ -95,8 +95,10 @@ pub trait Communicator: Send + Sync {
     fn all_reduce_sum_f32(&self, data: &mut [f32]);
     fn all_reduce_sum_f64(&self, data: &mut [f64]);
     /// [`Self::all_reduce_sum_f32`] for a communication thread that shares the cores with
-    /// training: where the library allows, it waits without spinning a core.
-    fn all_reduce_sum_f32_background(&self, data: &mut [f32]) {
+    /// training: where the library allows, it starts a non-blocking all-reduce and tests it
+    /// every `poll` with sleeps in between instead of spinning a core (zero: a blocking call).
+    fn all_reduce_sum_f32_background(&self, data: &mut [f32], poll: std::time::Duration) {
+        let _ = poll;
         self.all_reduce_sum_f32(data);
     }
     /// Copies `root`'s bytes into every rank's `data` (all ranks pass the same length).
@@ -271,11 +273,15 @@ pub fn all_reduce_tensor(comm: &dyn Communicator, tensor: &mut Tensor, what: &st
 
 /// Sums a float32 tensor over all ranks and divides by the world size, in place: gradients, on
 /// the communication thread.
-pub fn all_reduce_mean_in_background(comm: &dyn Communicator, tensor: &mut Tensor) {
+pub fn all_reduce_mean_in_background(
+    comm: &dyn Communicator,
+    tensor: &mut Tensor,
+    poll: std::time::Duration,
+) {
     let scale = 1.0 / comm.topology().world_size as f32;
     with_host_bytes(tensor, |bytes| {
         let values = bytemuck_f32(bytes);
-        comm.all_reduce_sum_f32_background(values);
+        comm.all_reduce_sum_f32_background(values, poll);
         values.iter_mut().for_each(|v| *v *= scale);
     });
 }

@@ -97,12 +97,15 @@ impl Communicator for MpiCommunicator {
         self.all_reduce_sum(data, unsafe { ffi::RSMPI_DOUBLE });
     }
 
-    /// A non-blocking all-reduce, tested every [`POLL_INTERVAL`] with sleeps in between: a
-    /// blocking MPI call spins a core until the data arrives, and on a node whose cores are all
-    /// training that spinning slows backward by as much as the overlap gains. (Open MPI has no
-    /// asynchronous progress, so the tests are what moves the data; a socket buffer holds far
-    /// more than a link carries in one interval.)
-    fn all_reduce_sum_f32_background(&self, data: &mut [f32]) {
+    /// A non-blocking all-reduce, tested every `poll` with sleeps in between: a blocking MPI
+    /// call spins a core until the data arrives, and on a node whose cores are all training
+    /// that spinning slows backward by as much as the overlap gains. (Open MPI has no
+    /// asynchronous progress, so the tests are what moves the data; the interval must be short
+    /// enough that socket buffers do not fill between two tests.)
+    fn all_reduce_sum_f32_background(&self, data: &mut [f32], poll: std::time::Duration) {
+        if poll.is_zero() {
+            return self.all_reduce_sum_f32(data);
+        }
         for chunk in data.chunks_mut(c_int::MAX as usize) {
             // SAFETY: MPI_Request is a plain handle; REQUEST_NULL is its empty value.
             let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
@@ -128,7 +131,7 @@ impl Communicator for MpiCommunicator {
                 if done != 0 {
                     break;
                 }
-                std::thread::sleep(POLL_INTERVAL);
+                std::thread::sleep(poll);
             }
         }
     }
@@ -186,9 +189,6 @@ impl MpiCommunicator {
         }
     }
 }
-
-/// How long the communication thread sleeps between tests of a pending all-reduce.
-const POLL_INTERVAL: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Open MPI's algorithm numbers: `coll_tuned_allreduce_algorithm` (blocking) and
 /// `coll_libnbc_iallreduce_algorithm` (non-blocking, the communication thread's).
