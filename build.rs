@@ -34,10 +34,32 @@ fn main() {
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
     #[cfg(feature = "mpi")]
     compile_mpi_shim();
+    println!("cargo:rustc-env=RTRAIN_GIT_REVISION={}", git_revision());
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
         println!("cargo:rustc-link-arg=-ltorch");
         println!("cargo:rustc-link-arg=-Wl,--as-needed");
+    }
+}
+
+/// The commit being built, `-dirty` with uncommitted changes, for run manifests; "unknown"
+/// outside a git checkout (e.g. a container build that copies no .git).
+fn git_revision() -> String {
+    for path in [".git/HEAD", ".git/index"] {
+        if std::path::Path::new(path).exists() {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    }
+    let git = |args: &[&str]| {
+        std::process::Command::new("git").args(args).output().ok().filter(|o| o.status.success())
+    };
+    let Some(head) = git(&["rev-parse", "HEAD"]) else { return "unknown".to_string() };
+    let revision = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|o| !o.stdout.is_empty());
+    if dirty {
+        format!("{revision}-dirty")
+    } else {
+        revision
     }
 }
 

@@ -19,13 +19,13 @@ use crate::dist::{self, AllreduceAlgorithm, Communicator};
 use crate::eval;
 use crate::launcher;
 use crate::logging::{self, LogFormat};
+use crate::manifest::{self, Manifest, LIBTORCH_VERSION};
 use crate::model::{Arch, Model};
 use crate::precision::{self, Compute, Precision};
 use crate::report;
+use crate::reproduce;
 use crate::tensor_io;
 
-/// The libtorch release tch 0.26 is built against (scripts/setup installs exactly this).
-const LIBTORCH_VERSION: &str = "2.13.0";
 use crate::train::{self, Resume};
 
 #[derive(Debug, Parser)]
@@ -72,6 +72,27 @@ pub enum Command {
     Doctor(DoctorArgs),
     /// Reports over finished runs.
     Report(ReportArgs),
+    /// Re-hash a run's checkpoints, weights and data against its manifest.json.
+    Verify(VerifyArgs),
+    /// Re-run a run from its manifest.json and compare the results.
+    Reproduce(ReproduceArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    pub run_dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct ReproduceArgs {
+    /// The run to reproduce (its manifest.json).
+    pub run_dir: PathBuf,
+    /// Re-run only the first N epochs (with the original schedule), and compare those.
+    #[arg(long)]
+    pub epochs: Option<u32>,
+    /// Where the new run goes (default: RUN_DIR-reproduce).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -271,6 +292,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Data(command) => cmd_data(command),
         Command::Doctor(args) => cmd_doctor(args),
         Command::Report(args) => cmd_report(args),
+        Command::Verify(args) => cmd_verify(args),
+        Command::Reproduce(args) => cmd_reproduce(args),
         Command::Config(ConfigCommand::Show(args)) => {
             print!("{}", args.load()?.show()?);
             Ok(())
@@ -411,16 +434,25 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
 }
 
 fn cmd_train(args: TrainArgs) -> Result<()> {
-    // The configuration chooses the all-reduce algorithm, which must be set before MPI starts;
-    // but a bad configuration is reported after it, so that the job ends as a whole.
-    let loaded = args.config.load();
-    let algorithm = loaded.as_ref().map(|l| l.config.dist.allreduce).unwrap_or_default();
+    let loaded = args.config.load().map(|loaded| loaded.config);
+    run_in_job(loaded, |config, comm| train_in_job(args, config, comm))
+}
+
+/// Runs `body` as this process's part of the job (MPI, or alone). The configuration chooses
+/// the all-reduce algorithm, which must be set before MPI starts; a bad configuration is
+/// reported after that, so that any rank's error, bad configuration included, ends the whole
+/// job.
+fn run_in_job(
+    loaded: Result<Config>,
+    body: impl FnOnce(&Config, Arc<dyn Communicator>) -> Result<()>,
+) -> Result<()> {
+    let algorithm = loaded.as_ref().map(|config| config.dist.allreduce).unwrap_or_default();
     let comm = dist::init(algorithm)?;
     let topology = comm.topology().clone();
     if topology.world_size > 1 {
         tracing::info!("data-parallel job: {topology}");
     }
-    let result = loaded.and_then(|loaded| train_in_job(args, &loaded.config, comm.clone()));
+    let result = loaded.and_then(|config| body(&config, comm.clone()));
     if let (Err(error), true) = (&result, topology.world_size > 1) {
         // Returning would leave the other ranks blocked in their next collective (and MPI's
         // finalisation): end the whole job, naming this rank.
@@ -448,11 +480,62 @@ fn train_in_job(args: TrainArgs, config: &Config, comm: Arc<dyn Communicator>) -
         );
     }
     let is_root = comm.topology().is_root();
-    train::train(config, &run_dir, resume, comm)?;
+    train::train(config, &run_dir, resume, None, comm)?;
     if is_root {
         println!("{}", run_dir.join("summary.json").display());
     }
     Ok(())
+}
+
+fn cmd_verify(args: VerifyArgs) -> Result<()> {
+    let findings = manifest::verify(&args.run_dir)?;
+    let mut bad = 0;
+    for finding in &findings {
+        match finding {
+            manifest::Finding::Ok(what) => println!("ok        {what}"),
+            manifest::Finding::Mismatch(what) => {
+                bad += 1;
+                println!("MISMATCH  {what}");
+            }
+            manifest::Finding::Missing(what) => {
+                bad += 1;
+                println!("MISSING   {what}");
+            }
+        }
+    }
+    if bad > 0 {
+        bail!("{}: {bad} file(s) differ from {}", args.run_dir.display(), manifest::FILE_NAME);
+    }
+    Ok(())
+}
+
+fn cmd_reproduce(args: ReproduceArgs) -> Result<()> {
+    let original = Manifest::read(&args.run_dir);
+    let loaded = original.as_ref().map(|m| m.config.clone()).map_err(|e| anyhow::anyhow!("{e}"));
+    run_in_job(loaded, |config, comm| {
+        let original = original.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let epochs = args.epochs.unwrap_or(config.train.epochs).min(config.train.epochs);
+        let default_out = PathBuf::from(format!("{}-reproduce", args.run_dir.display()));
+        let out = args.out.unwrap_or(default_out);
+        if out.join(manifest::FILE_NAME).exists() {
+            bail!("{} already holds a run: choose another --out", out.display());
+        }
+        let is_root = comm.topology().is_root();
+        let world_size = comm.topology().world_size;
+        train::train(config, &out, Resume::Fresh, Some(epochs), comm)?;
+        if !is_root {
+            return Ok(());
+        }
+        let again = Manifest::read(&out)?;
+        let verdict = reproduce::compare(&original, &again, epochs, world_size);
+        for line in &verdict.lines {
+            println!("{line}");
+        }
+        if !verdict.reproduced {
+            bail!("{} did not reproduce {} (see above)", out.display(), args.run_dir.display());
+        }
+        Ok(())
+    })
 }
 
 /// The built-in default data is generated on first use, but only at its default path: a

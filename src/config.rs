@@ -63,6 +63,10 @@ pub struct RunConfig {
     pub dir: PathBuf,
     /// The one seed every random choice derives from (init, sampling, augmentation).
     pub seed: u64,
+    /// Reproducible results: the same config, data, binary, world size and thread count give
+    /// bit-identical weights on CPU (always so); on GPU also cuDNN's deterministic kernels
+    /// without autotuning, at some speed.
+    pub deterministic: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -216,7 +220,7 @@ impl Default for DistConfig {
 
 impl Default for RunConfig {
     fn default() -> Self {
-        RunConfig { name: String::new(), dir: PathBuf::from("runs"), seed: 0 }
+        RunConfig { name: String::new(), dir: PathBuf::from("runs"), seed: 0, deterministic: true }
     }
 }
 
@@ -372,7 +376,9 @@ impl LoadedConfig {
             figment = figment.merge(Toml::file_exact(path));
         }
         figment = figment
-            .merge(Env::prefixed("RTRAIN_").split("__"))
+            // Only RTRAIN_SECTION__KEY: other RTRAIN_* variables (an image label, build
+            // metadata) are not configuration.
+            .merge(Env::prefixed("RTRAIN_").filter(|key| key.as_str().contains("__")).split("__"))
             .merge(CommandLineOverrides::parse(overrides)?);
         let config: Config = figment.extract()?;
         config.validate()?;

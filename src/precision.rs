@@ -22,6 +22,7 @@ mod ffi {
         pub fn rtrain_autocast_exit(cuda: c_int, enabled: c_int, dtype: c_int) -> *mut c_char;
         pub fn rtrain_channels_last(tensor: *const C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn rtrain_param_to_channels_last(param: *mut C_tensor) -> *mut c_char;
+        pub fn rtrain_set_deterministic(on: c_int) -> *mut c_char;
     }
 }
 
@@ -188,6 +189,19 @@ pub fn channels_last(tensor: &Tensor) -> Result<Tensor, ShimError> {
 pub fn param_to_channels_last(param: &mut Tensor) -> Result<(), ShimError> {
     // SAFETY: `param` is a live tensor; set_data keeps its identity.
     check("channels_last", unsafe { ffi::rtrain_param_to_channels_last(param.as_mut_ptr()) })
+}
+
+/// Deterministic mode for the whole process (`run.deterministic`): on GPU, cuDNN's
+/// deterministic kernels without autotuning, cuBLAS's fixed workspace
+/// (`CUBLAS_WORKSPACE_CONFIG`, unless set) and PyTorch's deterministic-algorithms switch. CPU
+/// kernels are deterministic for a given thread count already. Call before any CUDA work.
+pub fn set_deterministic(on: bool) -> Result<(), ShimError> {
+    if on && std::env::var_os("CUBLAS_WORKSPACE_CONFIG").is_none() {
+        // Read by cuBLAS when its handle is created, after this; no other thread runs yet.
+        std::env::set_var("CUBLAS_WORKSPACE_CONFIG", ":4096:8");
+    }
+    // SAFETY: flags on libtorch's global context; the shim catches all C++ exceptions.
+    check("deterministic mode", unsafe { ffi::rtrain_set_deterministic(c_int::from(on)) })
 }
 
 /// Whether a 4-d tensor is laid out channels-last (channel stride 1).

@@ -8,9 +8,9 @@
 //! run directory (the tutorial's GLOBAL_RANK 0 rule); metrics and evaluations are summed over
 //! ranks first.
 //!
-//! Run directory layout: `config.toml` (resolved), `metrics.jsonl`, `checkpoints/`
-//! (`step-NNNNNNNNN.safetensors`, `best.safetensors`), `model.safetensors` (final weights,
-//! torchvision format) and `summary.json`.
+//! Run directory layout: `config.toml` (resolved), `manifest.json` (see [`crate::manifest`]),
+//! `metrics.jsonl`, `checkpoints/` (`step-NNNNNNNNN.safetensors`, `best.safetensors`),
+//! `model.safetensors` (final weights, torchvision format) and `summary.json`.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -29,6 +29,7 @@ use crate::data::transforms::{Augment, Transform};
 use crate::dist::grad_sync::{GradSync, GradSyncError, SyncOptions};
 use crate::dist::{self, Communicator, DistError};
 use crate::eval::{self, EvalReport};
+use crate::manifest::{self, DataSplit, EpochSummary, FileHash, Manifest, ManifestError};
 use crate::metrics::{MetricsError, MetricsLog, StepRecord};
 use crate::model::{Model, ModelError};
 use crate::optim::{OptimError, Optimizer, Schedule};
@@ -70,6 +71,8 @@ pub enum TrainError {
     GradSync(#[from] GradSyncError),
     #[error(transparent)]
     Dist(#[from] DistError),
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
     #[error("{dir}: {images} training images give rank {rank} of {world} no full batch of {batch}")]
     TooFewForRanks { dir: PathBuf, images: usize, rank: usize, world: usize, batch: usize },
 }
@@ -233,18 +236,26 @@ struct Run<'a> {
     classes: Vec<String>,
     /// Written by rank 0 only.
     metrics: Option<MetricsLog>,
+    /// Kept and written by rank 0 only.
+    manifest: Option<Manifest>,
     best_val_top1: Option<f64>,
     last_val_top1: Option<f64>,
 }
 
+/// Trains as `config` says into `run_dir`. `stop_after_epochs` ends the run early (after that
+/// many epochs in all) without changing anything that depends on `train.epochs`, such as the
+/// learning-rate schedule: `rtrain reproduce --epochs N` re-runs a prefix of a run exactly.
 pub fn train(
     config: &Config,
     run_dir: &Path,
     resume: Resume,
+    stop_after_epochs: Option<u32>,
     comm: Arc<dyn Communicator>,
 ) -> Result<Summary, TrainError> {
     let started = Instant::now();
+    let started_at = manifest::now();
     let topology = comm.topology().clone();
+    precision::set_deterministic(config.run.deterministic)?;
     let threads = set_threads(config.train.threads, topology.local_world_size);
     let (train_set, val_set) = open_splits(config)?;
     let classes = train_set.classes.clone();
@@ -305,6 +316,7 @@ pub fn train(
     };
     let schedule = Schedule::new(&config.schedule, config.optim.lr, steps_per_epoch, config.train.epochs);
 
+    let hosts = dist::gather_strings(comm.as_ref(), &topology.host);
     let checkpoints = run_dir.join("checkpoints");
     let metrics = if topology.is_root() {
         std::fs::create_dir_all(&checkpoints)
@@ -344,12 +356,35 @@ pub fn train(
         schedule,
         classes,
         metrics,
+        manifest: None,
         best_val_top1: None,
         last_val_top1: None,
     };
     let mut position = Position::default();
     if let Some(path) = &resume_path {
         position = run.restore(path)?;
+    }
+    if topology.is_root() {
+        let hashing = Instant::now();
+        let data = vec![
+            DataSplit::hash(&config.data.train_split, &train_set)?,
+            DataSplit::hash(&config.data.val_split, &val_set)?,
+        ];
+        tracing::info!(
+            "hashed {} data files in {:.1}s",
+            train_set.len() + val_set.len(),
+            hashing.elapsed().as_secs_f64()
+        );
+        let job = manifest::Job {
+            launcher: topology.launcher.clone(),
+            world_size: topology.world_size,
+            nodes: topology.nodes,
+            ranks_per_node: topology.local_world_size,
+            hosts,
+            device: format!("{:?}", run.compute.device),
+            threads_per_rank: threads,
+        };
+        run.start_manifest(started_at, job, data, comm.library_version(), position.epoch)?;
     }
     if topology.world_size > 1 {
         run.grad_sync = Some(GradSync::new(
@@ -381,7 +416,8 @@ pub fn train(
     let mut final_eval = None;
     let mut trained_images = 0u64;
     let mut trained_seconds = 0.0;
-    for epoch in position.epoch..config.train.epochs {
+    let last_epoch = stop_after_epochs.map_or(config.train.epochs, |n| n.min(config.train.epochs));
+    for epoch in position.epoch..last_epoch {
         let start_batch = if epoch == position.epoch { position.step_in_epoch } else { 0 };
         // Checkpointed sums are global: rank 0 carries them, the others start from zero.
         let totals = if epoch == position.epoch && topology.is_root() {
@@ -449,6 +485,14 @@ pub fn train(
     }
     run.model.write_torchvision(&summary.weights, run.optimizer.steps())?;
     let summary = Summary { weights_sha256: tensor_io::sha256_file(&summary.weights)?, ..summary };
+    if let Some(manifest) = &mut run.manifest {
+        manifest.weights = Some(FileHash {
+            path: manifest::relative(&run.run_dir, &summary.weights),
+            sha256: summary.weights_sha256.clone(),
+        });
+        manifest.finished = Some(manifest::now());
+        manifest.write(&run.run_dir)?;
+    }
     let json = serde_json::to_string_pretty(&summary).unwrap_or_default();
     tensor_io::write_atomic(&run.run_dir.join("summary.json"), json.as_bytes())?;
     tracing::info!(
@@ -471,6 +515,55 @@ struct Position {
 }
 
 impl Run<'_> {
+    /// Rank 0's manifest: continued from the run directory's own when resuming (keeping its
+    /// start time and the epochs before the resume point), else new.
+    fn start_manifest(
+        &mut self,
+        started: String,
+        job: manifest::Job,
+        data: Vec<DataSplit>,
+        mpi: Option<String>,
+        resume_epoch: u32,
+    ) -> Result<(), TrainError> {
+        let config = self.config;
+        let previous = Manifest::read(&self.run_dir).ok();
+        let (started, epochs) = match previous {
+            Some(previous) if resume_epoch > 0 || !previous.checkpoints.is_empty() => {
+                let epochs = previous.epochs.into_iter().filter(|e| e.epoch < resume_epoch).collect();
+                (previous.started, epochs)
+            }
+            _ => (started, Vec::new()),
+        };
+        let mut manifest = Manifest {
+            rtrain_version: env!("CARGO_PKG_VERSION").to_string(),
+            git_revision: manifest::GIT_REVISION.to_string(),
+            config_hash: config.hash(),
+            config: config.clone(),
+            seeds: manifest::Seeds::from_run_seed(config.run.seed),
+            deterministic: config.run.deterministic,
+            software: manifest::Software::here(mpi),
+            container: manifest::Container::detect(),
+            job,
+            data,
+            started,
+            updated: String::new(),
+            finished: None,
+            epochs,
+            checkpoints: Default::default(),
+            weights: None,
+        };
+        for (_, file) in checkpoint::list_step_checkpoints(&self.checkpoints)? {
+            manifest.add_checkpoint(&self.run_dir, &file)?;
+        }
+        let best = self.checkpoints.join(checkpoint::BEST_NAME);
+        if best.exists() {
+            manifest.add_checkpoint(&self.run_dir, &best)?;
+        }
+        manifest.write(&self.run_dir)?;
+        self.manifest = Some(manifest);
+        Ok(())
+    }
+
     fn restore(&mut self, path: &Path) -> Result<Position, TrainError> {
         let checkpoint = checkpoint::load(path, Some((self.model.arch, self.model.num_classes)))?;
         let meta = &checkpoint.meta;
@@ -660,6 +753,18 @@ impl Run<'_> {
             report.per_class.iter().map(|a| (a * 1000.0).round() / 1000.0).collect::<Vec<_>>()
         );
         tracing::info!("confusion (rows: true class, columns: predicted): {:?}", report.confusion);
+        if let Some(manifest) = &mut self.manifest {
+            manifest.epochs.push(EpochSummary {
+                epoch,
+                global_step: record.global_step,
+                train_loss: record.train_loss,
+                train_accuracy: record.train_accuracy,
+                val_loss: report.loss,
+                val_top1: report.top1,
+                seconds: record.seconds,
+                images_per_second: record.train_images_per_second,
+            });
+        }
         self.last_val_top1 = Some(report.top1);
         let is_best = self.best_val_top1.is_none_or(|best| report.top1 > best);
         if is_best {
@@ -674,7 +779,13 @@ impl Run<'_> {
                 let bytes =
                     std::fs::read(&path).map_err(|source| TrainError::Io { path: path.clone(), source })?;
                 tensor_io::write_atomic(&best, &bytes)?;
+                if let Some(manifest) = &mut self.manifest {
+                    manifest.add_checkpoint(&self.run_dir, &best)?;
+                }
             }
+        }
+        if let Some(manifest) = &mut self.manifest {
+            manifest.write(&self.run_dir)?;
         }
         Ok(())
     }
@@ -739,6 +850,11 @@ impl Run<'_> {
             if let Err(error) = std::fs::remove_file(&stale) {
                 tracing::warn!("could not delete old checkpoint {}: {error}", stale.display());
             }
+        }
+        if let Some(manifest) = &mut self.manifest {
+            manifest.add_checkpoint(&self.run_dir, &path)?;
+            manifest.drop_missing_checkpoints(&self.run_dir);
+            manifest.write(&self.run_dir)?;
         }
         tracing::debug!("checkpoint {}", path.display());
         Ok(Some(path))

@@ -8,6 +8,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use predicates::prelude::*;
+use rtrain::manifest::{Finding, Manifest};
 use serde_json::Value;
 
 fn summary(run_dir: &Path) -> Value {
@@ -158,6 +159,15 @@ fn resume_after_kill_is_bit_identical() {
     assert!(meta.step_in_epoch > 0, "the kill should have landed mid-epoch, got {meta:?}");
     assert_eq!(resumed["weights_sha256"], summary(&straight)["weights_sha256"], "resumed weights differ");
     assert_eq!(resumed["final_eval"], summary(&straight)["final_eval"]);
+    // The resumed run's manifest tells the same story: same weights hash, the same epochs
+    // (continued across the kill, not restarted), and the resumed checkpoints still verify.
+    let (a, b) = (Manifest::read(&killed).unwrap(), Manifest::read(&straight).unwrap());
+    assert_eq!(a.weights.as_ref().unwrap().sha256, b.weights.as_ref().unwrap().sha256);
+    assert_eq!(
+        a.epochs.iter().map(|e| e.train_loss).collect::<Vec<_>>(),
+        b.epochs.iter().map(|e| e.train_loss).collect::<Vec<_>>()
+    );
+    assert!(rtrain::manifest::verify(&killed).unwrap().iter().all(|f| matches!(f, Finding::Ok(_))));
 
     // A different seed really changes the weights, so the equality above means something.
     let other = dir.path().join("other-seed");

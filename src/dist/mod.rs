@@ -104,6 +104,10 @@ pub trait Communicator: Send + Sync {
     /// Copies `root`'s bytes into every rank's `data` (all ranks pass the same length).
     fn broadcast_bytes(&self, data: &mut [u8], root: usize);
     fn barrier(&self);
+    /// The MPI library's version string (for run manifests); None without MPI.
+    fn library_version(&self) -> Option<String> {
+        None
+    }
     /// Ends every process of the job with `code`.
     fn abort(&self, code: i32) -> !;
 }
@@ -308,6 +312,26 @@ pub fn sum_f64(comm: &dyn Communicator, values: &mut [f64]) {
     comm.all_reduce_sum_f64(values);
 }
 
+/// Every rank's `value` (up to 255 bytes each, e.g. host names), in rank order.
+pub fn gather_strings(comm: &dyn Communicator, value: &str) -> Vec<String> {
+    const SLOT: usize = 256;
+    let topology = comm.topology();
+    // A sum over ranks of a table in which each rank fills only its own slot.
+    let mut table = vec![0.0f64; SLOT * topology.world_size];
+    let bytes = &value.as_bytes()[..value.len().min(SLOT - 1)];
+    for (i, &b) in bytes.iter().enumerate() {
+        table[topology.rank * SLOT + i] = f64::from(b);
+    }
+    comm.all_reduce_sum_f64(&mut table);
+    table
+        .chunks(SLOT)
+        .map(|slot| {
+            let bytes: Vec<u8> = slot.iter().map(|&v| v as u8).take_while(|&b| b != 0).collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        })
+        .collect()
+}
+
 /// `root`'s string on every rank (a run directory, a checkpoint path).
 pub fn broadcast_string(comm: &dyn Communicator, value: &str, root: usize) -> String {
     if comm.topology().world_size == 1 {
@@ -371,6 +395,7 @@ mod tests {
         let err = all_reduce_tensor(&comm, &mut ints, "counter").unwrap_err().to_string();
         assert!(err.contains("counter") && err.contains("Int64"), "{err}");
         assert_eq!(broadcast_string(&comm, "runs/a", 0), "runs/a");
+        assert_eq!(gather_strings(&comm, "node0"), vec!["node0".to_string()]);
     }
 
     #[test]

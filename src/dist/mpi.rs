@@ -159,6 +159,10 @@ impl Communicator for MpiCommunicator {
         }
     }
 
+    fn library_version(&self) -> Option<String> {
+        mpi::environment::library_version().ok().map(|v| v.trim().to_string())
+    }
+
     fn abort(&self, code: i32) -> ! {
         // SAFETY: MPI_Abort on a valid communicator; it does not return.
         unsafe {

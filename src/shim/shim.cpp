@@ -82,6 +82,18 @@ char* rtrain_param_to_channels_last(at::Tensor* param) {
   return guarded([&] { param->set_data(param->contiguous(at::MemoryFormat::ChannelsLast)); });
 }
 
+// Deterministic mode: cuDNN's deterministic algorithms and no autotuning (which picks kernels
+// by timing), and PyTorch's deterministic-algorithms switch, warning on an op that has no
+// deterministic implementation rather than failing. Off: cuDNN autotuning for speed.
+char* rtrain_set_deterministic(int on) {
+  return guarded([&] {
+    auto& context = at::globalContext();
+    context.setDeterministicCuDNN(on != 0);
+    context.setBenchmarkCuDNN(on == 0);
+    context.setDeterministicAlgorithms(on != 0, /*warn_only=*/true);
+  });
+}
+
 // Makes `grad` (a view into a communication bucket, shaped and strided like the parameter) the
 // parameter's gradient. Backward then accumulates into it in place, so the bucket needs no
 // packing: PyTorch DDP's `gradient_as_bucket_view`.

@@ -1,0 +1,312 @@
+//! The run manifest, `manifest.json`: what produced a run's results, so that a reviewer can
+//! check and re-run it. Resolved configuration and its hash, rtrain's version and git
+//! revision, library versions, container, hosts and world size, seeds, a hash of every data
+//! file, start and end times, per-epoch metrics, and the hash of every checkpoint and of the
+//! final weights.
+//!
+//! Global rank 0 writes it atomically when the run starts and again after every epoch and
+//! checkpoint, so even a run that crashed has an accurate one. `rtrain verify` re-hashes the
+//! files it names.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::config::Config;
+use crate::data::folder::ImageFolder;
+use crate::tensor_io::{self, TensorIoError};
+
+pub const FILE_NAME: &str = "manifest.json";
+
+/// The libtorch release tch 0.26 is built against (scripts/setup installs exactly this).
+pub const LIBTORCH_VERSION: &str = "2.13.0";
+
+/// The git revision rtrain was built from (`-dirty` with uncommitted changes), or "unknown".
+pub const GIT_REVISION: &str = env!("RTRAIN_GIT_REVISION");
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error(transparent)]
+    File(#[from] TensorIoError),
+    #[error("{path}: {problem}")]
+    Parse { path: PathBuf, problem: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub rtrain_version: String,
+    pub git_revision: String,
+    pub config_hash: String,
+    pub config: Config,
+    pub seeds: Seeds,
+    pub deterministic: bool,
+    pub software: Software,
+    pub container: Container,
+    pub job: Job,
+    pub data: Vec<DataSplit>,
+    pub started: String,
+    pub updated: String,
+    pub finished: Option<String>,
+    pub epochs: Vec<EpochSummary>,
+    /// Checkpoints present in the run directory, by path relative to it.
+    pub checkpoints: BTreeMap<String, String>,
+    /// The final weights (`model.safetensors`) and their sha256, once written.
+    pub weights: Option<FileHash>,
+}
+
+/// Every random stream and the seed it is derived from (all from `run.seed`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Seeds {
+    pub run: u64,
+    /// libtorch's generator before the model is built.
+    pub model_init: u64,
+    /// Each epoch's permutation: a function of (seed, epoch).
+    pub sampler: u64,
+    /// Each sample's augmentation: a function of (seed, epoch, sample index).
+    pub augmentation: u64,
+}
+
+impl Seeds {
+    pub fn from_run_seed(seed: u64) -> Seeds {
+        Seeds { run: seed, model_init: seed, sampler: seed, augmentation: seed }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Software {
+    pub libtorch: String,
+    pub cuda_available: bool,
+    pub cuda_devices: i64,
+    pub cudnn_available: bool,
+    /// The MPI library's own version string, when the run was an MPI job.
+    pub mpi: Option<String>,
+}
+
+impl Software {
+    pub fn here(mpi: Option<String>) -> Software {
+        Software {
+            libtorch: LIBTORCH_VERSION.to_string(),
+            cuda_available: tch::Cuda::is_available(),
+            cuda_devices: tch::Cuda::device_count(),
+            cudnn_available: tch::Cuda::cudnn_is_available(),
+            mpi,
+        }
+    }
+}
+
+/// The container the run executed in, as far as the process can tell.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Container {
+    /// "apptainer", "docker", "podman" or "none".
+    pub runtime: String,
+    /// The image: Apptainer's SIF path, or what the image's own labels say (RTRAIN_IMAGE).
+    pub image: Option<String>,
+}
+
+impl Container {
+    /// Reads the marks each runtime leaves: Apptainer/Singularity's variables and
+    /// `/.singularity.d`, Docker's `/.dockerenv`, Podman's `/run/.containerenv`.
+    pub fn detect() -> Container {
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let image_label = env("RTRAIN_IMAGE");
+        if let Some(sif) = env("APPTAINER_CONTAINER").or_else(|| env("SINGULARITY_CONTAINER")) {
+            return Container { runtime: "apptainer".into(), image: Some(sif) };
+        }
+        let runtime = if Path::new("/.singularity.d").exists() {
+            "apptainer"
+        } else if Path::new("/run/.containerenv").exists() || env("container").as_deref() == Some("podman") {
+            "podman"
+        } else if Path::new("/.dockerenv").exists() {
+            "docker"
+        } else {
+            "none"
+        };
+        Container { runtime: runtime.into(), image: image_label }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub launcher: String,
+    pub world_size: usize,
+    pub nodes: usize,
+    pub ranks_per_node: usize,
+    /// Host of each rank, in rank order.
+    pub hosts: Vec<String>,
+    pub device: String,
+    pub threads_per_rank: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DataSplit {
+    pub split: String,
+    pub root: PathBuf,
+    pub classes: Vec<String>,
+    pub images: usize,
+    /// sha256 over every file's path (relative to `root`) and content hash, in sample order.
+    pub sha256: String,
+    /// Each file's sha256, by path relative to `root`.
+    pub files: BTreeMap<String, String>,
+}
+
+impl DataSplit {
+    /// Hashes every file of a split (about 0.5 GB/s per core: a few seconds for tens of
+    /// thousands of photos).
+    pub fn hash(split: &str, data: &ImageFolder) -> Result<DataSplit, TensorIoError> {
+        let mut files = BTreeMap::new();
+        let mut all = Sha256::new();
+        for (path, _) in &data.samples {
+            let relative = path.strip_prefix(&data.root).unwrap_or(path).to_string_lossy().into_owned();
+            let digest = tensor_io::sha256_file(path)?;
+            all.update(relative.as_bytes());
+            all.update([0]);
+            all.update(digest.as_bytes());
+            files.insert(relative, digest);
+        }
+        Ok(DataSplit {
+            split: split.to_string(),
+            // Absolute, so that `rtrain verify` works from any directory.
+            root: std::fs::canonicalize(&data.root).unwrap_or_else(|_| data.root.clone()),
+            classes: data.classes.clone(),
+            images: data.samples.len(),
+            sha256: hex::encode(all.finalize()),
+            files,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpochSummary {
+    pub epoch: u32,
+    pub global_step: u64,
+    pub train_loss: f64,
+    pub train_accuracy: f64,
+    pub val_loss: f64,
+    pub val_top1: f64,
+    pub seconds: f64,
+    pub images_per_second: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileHash {
+    pub path: String,
+    pub sha256: String,
+}
+
+/// Now, as RFC 3339 UTC.
+pub fn now() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
+impl Manifest {
+    pub fn write(&mut self, run_dir: &Path) -> Result<(), ManifestError> {
+        self.updated = now();
+        let json = serde_json::to_string_pretty(self).unwrap_or_default();
+        tensor_io::write_atomic(&run_dir.join(FILE_NAME), json.as_bytes())?;
+        Ok(())
+    }
+
+    pub fn read(run_dir: &Path) -> Result<Manifest, ManifestError> {
+        let path = run_dir.join(FILE_NAME);
+        let bytes =
+            std::fs::read(&path).map_err(|source| TensorIoError::Io { path: path.clone(), source })?;
+        serde_json::from_slice(&bytes).map_err(|e| ManifestError::Parse { path, problem: e.to_string() })
+    }
+
+    /// Records a checkpoint file of the run directory with its hash.
+    pub fn add_checkpoint(&mut self, run_dir: &Path, file: &Path) -> Result<(), TensorIoError> {
+        let sha256 = tensor_io::sha256_file(file)?;
+        self.checkpoints.insert(relative(run_dir, file), sha256);
+        Ok(())
+    }
+
+    /// Forgets checkpoints that are no longer in the run directory (retention deleted them).
+    pub fn drop_missing_checkpoints(&mut self, run_dir: &Path) {
+        self.checkpoints.retain(|path, _| run_dir.join(path).exists());
+    }
+}
+
+pub fn relative(run_dir: &Path, file: &Path) -> String {
+    file.strip_prefix(run_dir).unwrap_or(file).to_string_lossy().into_owned()
+}
+
+/// One finding of `rtrain verify`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finding {
+    Ok(String),
+    Mismatch(String),
+    Missing(String),
+}
+
+/// Re-hashes what the manifest names: checkpoints, final weights and every data file. Returns
+/// one finding per file group or file at fault.
+pub fn verify(run_dir: &Path) -> Result<Vec<Finding>, ManifestError> {
+    let manifest = Manifest::read(run_dir)?;
+    let check = |path: PathBuf, expected: &str, what: &str| match tensor_io::sha256_file(&path) {
+        Ok(found) if found == expected => Finding::Ok(format!("{what} {}", path.display())),
+        Ok(found) => {
+            Finding::Mismatch(format!("{what} {}: sha256 {found}, manifest says {expected}", path.display()))
+        }
+        Err(_) if !path.exists() => Finding::Missing(format!("{what} {}", path.display())),
+        Err(error) => Finding::Mismatch(format!("{what} {}: {error}", path.display())),
+    };
+    let mut findings = Vec::new();
+    for (path, sha256) in &manifest.checkpoints {
+        findings.push(check(run_dir.join(path), sha256, "checkpoint"));
+    }
+    if let Some(weights) = &manifest.weights {
+        findings.push(check(run_dir.join(&weights.path), &weights.sha256, "weights"));
+    }
+    for split in &manifest.data {
+        let what = format!("{} data", split.split);
+        // One line for a split whose files all match, instead of thousands.
+        let bad: Vec<Finding> = split
+            .files
+            .iter()
+            .map(|(file, sha256)| check(split.root.join(file), sha256, &what))
+            .filter(|finding| !matches!(finding, Finding::Ok(_)))
+            .collect();
+        if bad.is_empty() {
+            findings.push(Finding::Ok(format!(
+                "{} data {}: {} files",
+                split.split,
+                split.root.display(),
+                split.files.len()
+            )));
+        }
+        findings.extend(bad);
+    }
+    Ok(findings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_hash_names_files_and_changes_with_content() {
+        let dir = tempfile::tempdir().unwrap();
+        for (class, name, bytes) in [("a", "1.png", b"one".as_slice()), ("b", "2.png", b"two".as_slice())] {
+            std::fs::create_dir_all(dir.path().join(class)).unwrap();
+            std::fs::write(dir.path().join(class).join(name), bytes).unwrap();
+        }
+        let folder = ImageFolder {
+            root: dir.path().to_path_buf(),
+            classes: vec!["a".into(), "b".into()],
+            samples: vec![(dir.path().join("a/1.png"), 0), (dir.path().join("b/2.png"), 1)],
+        };
+        let first = DataSplit::hash("train", &folder).unwrap();
+        assert_eq!(first.files.keys().collect::<Vec<_>>(), vec!["a/1.png", "b/2.png"]);
+        // sha256("one"), computed independently.
+        assert_eq!(
+            first.files["a/1.png"],
+            "7692c3ad3540bb803c020b3aee66cd8887123234ea0c6e7143c0add73ff431ed"
+        );
+        std::fs::write(dir.path().join("b/2.png"), b"twO").unwrap();
+        let second = DataSplit::hash("train", &folder).unwrap();
+        assert_ne!(first.sha256, second.sha256);
+        assert_eq!(first.files["a/1.png"], second.files["a/1.png"]);
+    }
+}

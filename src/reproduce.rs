@@ -1,0 +1,98 @@
+//! `rtrain reproduce RUN_DIR`: the verdict on a re-run. Where bit-equality is expected (a
+//! deterministic CPU run at the same world size and thread count), the final weights' sha256
+//! must match, and every re-run epoch's metrics must equal the original's exactly. Elsewhere
+//! (GPU, another world size or thread count, non-deterministic mode) the metrics must agree
+//! within stated tolerances: validation top-1 within [`TOP1_TOLERANCE`] and training loss within
+//! [`LOSS_RELATIVE_TOLERANCE`] of the original.
+
+use crate::manifest::Manifest;
+
+/// Absolute difference allowed in validation top-1 when bit-equality is not expected.
+pub const TOP1_TOLERANCE: f64 = 0.05;
+/// Relative difference allowed in training loss when bit-equality is not expected.
+pub const LOSS_RELATIVE_TOLERANCE: f64 = 0.10;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    pub reproduced: bool,
+    /// Whether the comparison demanded bit-equality.
+    pub exact: bool,
+    pub lines: Vec<String>,
+}
+
+/// Compares a re-run (`again`, launched with `world_size` ranks and stopped after `epochs`)
+/// with the `original` run's manifest.
+pub fn compare(original: &Manifest, again: &Manifest, epochs: u32, world_size: usize) -> Verdict {
+    let exact = original.deterministic
+        && original.job.device == "Cpu"
+        && again.job.device == "Cpu"
+        && original.job.world_size == world_size
+        && original.job.threads_per_rank == again.job.threads_per_rank;
+    let mut lines = vec![format!(
+        "comparison: {} (original: {} rank(s) on {}, {} thread(s) per rank, deterministic {}; re-run: {} rank(s) on {}, {} thread(s))",
+        if exact { "bit-identical expected" } else { "within tolerances" },
+        original.job.world_size,
+        original.job.device,
+        original.job.threads_per_rank,
+        original.deterministic,
+        world_size,
+        again.job.device,
+        again.job.threads_per_rank,
+    )];
+    let mut reproduced = true;
+
+    for (before, after) in original.data.iter().zip(&again.data) {
+        if before.sha256 != after.sha256 {
+            reproduced = false;
+            lines.push(format!(
+                "data {}: differs ({} files, sha256 {} vs {} originally)",
+                after.split, after.images, after.sha256, before.sha256
+            ));
+        }
+    }
+
+    for after in &again.epochs {
+        let Some(before) = original.epochs.iter().find(|e| e.epoch == after.epoch) else {
+            reproduced = false;
+            lines.push(format!("epoch {}: not in the original manifest", after.epoch + 1));
+            continue;
+        };
+        let same = if exact {
+            before.train_loss == after.train_loss
+                && before.val_loss == after.val_loss
+                && before.val_top1 == after.val_top1
+        } else {
+            (before.val_top1 - after.val_top1).abs() <= TOP1_TOLERANCE
+                && (before.train_loss - after.train_loss).abs()
+                    <= LOSS_RELATIVE_TOLERANCE * before.train_loss.abs()
+        };
+        reproduced &= same;
+        lines.push(format!(
+            "epoch {}: {} train loss {:.6} (originally {:.6}), val top-1 {:.4} (originally {:.4})",
+            after.epoch + 1,
+            if same { "ok  " } else { "DIFF" },
+            after.train_loss,
+            before.train_loss,
+            after.val_top1,
+            before.val_top1
+        ));
+    }
+    if (again.epochs.len() as u32) < epochs {
+        reproduced = false;
+        lines.push(format!("the re-run recorded {} of {epochs} epochs", again.epochs.len()));
+    }
+
+    let full_run = epochs == original.config.train.epochs;
+    if let (true, true, Some(before), Some(after)) = (full_run, exact, &original.weights, &again.weights) {
+        let same = before.sha256 == after.sha256;
+        reproduced &= same;
+        lines.push(match same {
+            true => format!("final weights: identical (sha256 {})", after.sha256),
+            false => {
+                format!("final weights: DIFFER (sha256 {} vs {} originally)", after.sha256, before.sha256)
+            }
+        });
+    }
+    lines.push(if reproduced { "reproduced".to_string() } else { "NOT reproduced".to_string() });
+    Verdict { reproduced, exact, lines }
+}
