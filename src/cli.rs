@@ -22,7 +22,7 @@ use crate::logging::{self, LogFormat};
 use crate::manifest::{self, Manifest, LIBTORCH_VERSION};
 use crate::model::{Arch, Model};
 use crate::precision::{self, Compute, Precision};
-use crate::report;
+use crate::report::{self, runs::RunData, scaling};
 use crate::reproduce;
 use crate::tensor_io;
 
@@ -98,15 +98,20 @@ pub struct ReproduceArgs {
 #[derive(Debug, Args)]
 pub struct ReportArgs {
     /// How training scales: time per epoch, img/s, speed-up and efficiency against the run
-    /// with the fewest ranks.
+    /// with the fewest ranks (printed; no report directory).
     #[arg(long)]
     pub scaling: bool,
-    /// Run directories (each with summary.json and metrics.jsonl).
+    /// Run directories (each with metrics.jsonl; manifest.json and summary.json where present).
     #[arg(required = true)]
     pub runs: Vec<PathBuf>,
-    /// Also write the plot (SVG) here.
+    /// Where report.md, the plots and the CSV go (default: RUN_DIR/report for one run,
+    /// ./report for several).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// --scaling: also write the plot (SVG) here.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// --scaling: print JSON.
     #[arg(long)]
     pub json: bool,
 }
@@ -409,16 +414,23 @@ fn cmd_bench_allreduce(archs: &[Arch], bucket_mbs: &[f64], options: &AllreduceOp
 
 fn cmd_report(args: ReportArgs) -> Result<()> {
     if !args.scaling {
-        bail!("choose a report: --scaling");
+        let runs = args.runs.iter().map(|dir| RunData::read(dir)).collect::<Result<Vec<_>, _>>()?;
+        let out = match (&args.out, args.runs.as_slice()) {
+            (Some(out), _) => out.clone(),
+            (None, [one]) => one.join("report"),
+            (None, _) => PathBuf::from("report"),
+        };
+        println!("{}", report::runs::write(&runs, &out)?.display());
+        return Ok(());
     }
-    let rows = report::scaling(&args.runs)?;
+    let rows = scaling::scaling(&args.runs)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        print!("{}", report::table(&rows));
+        print!("{}", scaling::table(&rows));
     }
     if let Some(plot) = &args.plot {
-        tensor_io::write_atomic(plot, report::svg(&rows).as_bytes())?;
+        tensor_io::write_atomic(plot, scaling::svg(&rows).as_bytes())?;
         eprintln!("plot: {}", plot.display());
     }
     Ok(())

@@ -52,6 +52,19 @@ fn same_seed_same_weights_and_verify_names_what_changed() {
         .success()
         .stdout(predicate::str::contains("MISMATCH").not());
 
+    // The report of two runs side by side: markdown with both, plots as SVG and PNG, CSV.
+    common::rtrain(dir.path()).args(["report", "a", "c", "--out", "report"]).assert().success();
+    let report = dir.path().join("report");
+    let md = std::fs::read_to_string(report.join("report.md")).unwrap();
+    assert!(md.contains("## a") && md.contains("## c") && md.contains(&weights_hash(&a)[..12]), "{md}");
+    for plot in ["loss", "accuracy", "lr", "throughput", "confusion-a", "confusion-c"] {
+        let png = std::fs::read(report.join(format!("{plot}.png"))).unwrap();
+        assert!(png.starts_with(b"\x89PNG") && png.len() > 5000, "{plot}.png");
+        assert!(std::fs::read_to_string(report.join(format!("{plot}.svg"))).unwrap().contains("<svg"));
+    }
+    let csv = std::fs::read_to_string(report.join("epochs.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 2 + 2, "a header and two epochs per run:\n{csv}");
+
     // A changed byte in a checkpoint: named, non-zero exit.
     let name = manifest.checkpoints.keys().next().unwrap();
     let checkpoint = a.join(name);

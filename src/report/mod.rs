@@ -1,0 +1,7 @@
+//! Reports over finished runs, for people: `rtrain report RUN_DIR...` (per-run tables, plots
+//! and CSV, several runs side by side) and `rtrain report --scaling RUN_DIR...` (how training
+//! scales with the number of ranks).
+
+pub mod plot;
+pub mod runs;
+pub mod scaling;

@@ -1,0 +1,207 @@
+//! Charts for run reports, drawn with plotters to SVG and PNG (pure Rust, no Python). Text needs
+//! a TrueType font: DejaVu Sans from the system (Debian's fonts-dejavu-core, which
+//! scripts/setup and the container install), registered once.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    #[error(
+        "no TrueType font for the plots: install fonts-dejavu-core (looked for {})",
+        FONT_PATHS.join(", ")
+    )]
+    NoFont,
+    #[error("{path}: drawing failed: {problem}")]
+    Draw { path: PathBuf, problem: String },
+}
+
+const FONT_PATHS: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+];
+
+/// Registers DejaVu Sans as plotters' "sans-serif", once per process.
+fn ensure_font() -> Result<(), PlotError> {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    let ok = *REGISTERED.get_or_init(|| {
+        FONT_PATHS.iter().filter_map(|path| std::fs::read(path).ok()).any(|bytes| {
+            // plotters keeps fonts for the life of the process.
+            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+            plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok()
+        })
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(PlotError::NoFont)
+    }
+}
+
+/// One line of a chart.
+pub struct Series {
+    pub label: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+const SIZE: (u32, u32) = (800, 480);
+
+/// The SVG and PNG files of a chart, and how to report a failure to draw one.
+fn outputs(stem: &Path) -> Result<(PathBuf, PathBuf), PlotError> {
+    ensure_font()?;
+    Ok((stem.with_extension("svg"), stem.with_extension("png")))
+}
+
+fn failed(path: &Path) -> impl FnOnce(String) -> PlotError + '_ {
+    move |problem| PlotError::Draw { path: path.to_path_buf(), problem }
+}
+
+/// A chart's title and axis names.
+pub struct Labels<'a> {
+    pub title: &'a str,
+    pub x: &'a str,
+    pub y: &'a str,
+    /// Logarithmic y axis (losses that start orders of magnitude above where they end).
+    pub log_y: bool,
+}
+
+/// A line chart of several series; writes `stem.svg` and `stem.png`.
+pub fn lines(stem: &Path, labels: &Labels, series: &[Series]) -> Result<(), PlotError> {
+    let (svg, png) = outputs(stem)?;
+    draw_lines(SVGBackend::new(&svg, SIZE).into_drawing_area(), labels, series).map_err(failed(&svg))?;
+    draw_lines(BitMapBackend::new(&png, SIZE).into_drawing_area(), labels, series).map_err(failed(&png))
+}
+
+fn draw_lines<DB: DrawingBackend>(
+    area: DrawingArea<DB, Shift>,
+    labels: &Labels,
+    series: &[Series],
+) -> Result<(), String> {
+    let log_y =
+        labels.log_y && series.iter().flat_map(|s| &s.points).all(|&(_, y)| y > 0.0 || !y.is_finite());
+    let series: Vec<Series> = series
+        .iter()
+        .map(|s| Series {
+            label: s.label.clone(),
+            points: s.points.iter().map(|&(x, y)| (x, if log_y { y.log10() } else { y })).collect(),
+        })
+        .collect();
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    area.fill(&WHITE).map_err(err)?;
+    let all = series.iter().flat_map(|s| s.points.iter());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y) in all.filter(|(x, y)| x.is_finite() && y.is_finite()) {
+        (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
+    }
+    if x0 > x1 {
+        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
+    }
+    let pad = ((y1 - y0) * 0.05).max(1e-9);
+    let mut chart = ChartBuilder::on(&area)
+        .caption(labels.title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(64)
+        .build_cartesian_2d(x0..x1.max(x0 + 1e-9), (y0 - pad)..(y1 + pad))
+        .map_err(err)?;
+    // A log axis is drawn as log10 values with the ticks labelled in the original units.
+    let y_format = |v: &f64| if log_y { format!("{:.3}", 10f64.powf(*v)) } else { format!("{v:.3}") };
+    let y_desc = if log_y { format!("{} (log scale)", labels.y) } else { labels.y.to_string() };
+    chart
+        .configure_mesh()
+        .x_desc(labels.x)
+        .y_desc(y_desc)
+        .y_label_formatter(&y_format)
+        .draw()
+        .map_err(err)?;
+    for (i, s) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(s.points.iter().copied(), color.stroke_width(2)))
+            .map_err(err)?
+            .label(s.label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()
+        .map_err(err)?;
+    area.present().map_err(err)
+}
+
+/// The confusion matrix as a heat map (rows: true class, columns: predicted), with counts.
+pub fn confusion(stem: &Path, title: &str, classes: &[String], counts: &[Vec<u64>]) -> Result<(), PlotError> {
+    let (svg, png) = outputs(stem)?;
+    draw_confusion(SVGBackend::new(&svg, SIZE).into_drawing_area(), title, classes, counts)
+        .map_err(failed(&svg))?;
+    draw_confusion(BitMapBackend::new(&png, SIZE).into_drawing_area(), title, classes, counts)
+        .map_err(failed(&png))
+}
+
+fn draw_confusion<DB: DrawingBackend>(
+    area: DrawingArea<DB, Shift>,
+    title: &str,
+    classes: &[String],
+    counts: &[Vec<u64>],
+) -> Result<(), String> {
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    area.fill(&WHITE).map_err(err)?;
+    let n = counts.len().max(1);
+    let label = |i: usize| classes.get(i).cloned().unwrap_or_else(|| i.to_string());
+    let mut chart = ChartBuilder::on(&area)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(48)
+        .y_label_area_size(140)
+        // plotters counts an integer range inclusively: n - 1 gives n segments.
+        .build_cartesian_2d((0..n - 1).into_segmented(), (0..n - 1).into_segmented())
+        .map_err(err)?;
+    // Row 0 (the first class) at the top, as confusion matrices are read.
+    let centre = |v: &SegmentValue<usize>, flip: bool| match v {
+        SegmentValue::CenterOf(i) if *i < n => label(if flip { n - 1 - *i } else { *i }),
+        _ => String::new(),
+    };
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .x_desc("predicted")
+        .y_desc("true")
+        .x_labels(n)
+        .y_labels(n)
+        .x_label_formatter(&|v| centre(v, false))
+        .y_label_formatter(&|v| centre(v, true))
+        .draw()
+        .map_err(err)?;
+    let centred = Pos::new(HPos::Center, VPos::Center);
+    for (truth, row) in counts.iter().enumerate() {
+        let total = row.iter().sum::<u64>().max(1) as f64;
+        for (predicted, &count) in row.iter().enumerate() {
+            let share = count as f64 / total;
+            let y = n - 1 - truth;
+            let shade = RGBColor(255 - (200.0 * share) as u8, 255 - (120.0 * share) as u8, 255);
+            let corners = [
+                (SegmentValue::Exact(predicted), SegmentValue::Exact(y)),
+                (SegmentValue::Exact(predicted + 1), SegmentValue::Exact(y + 1)),
+            ];
+            chart.draw_series(std::iter::once(Rectangle::new(corners, shade.filled()))).map_err(err)?;
+            let ink = if share > 0.6 { WHITE } else { BLACK };
+            let at = (SegmentValue::CenterOf(predicted), SegmentValue::CenterOf(y));
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    count.to_string(),
+                    at,
+                    ("sans-serif", 18).into_font().color(&ink).pos(centred),
+                )))
+                .map_err(err)?;
+        }
+    }
+    area.present().map_err(err)
+}

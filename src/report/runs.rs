@@ -1,0 +1,314 @@
+//! `rtrain report RUN_DIR...`: a report people read, from one run or several side by side.
+//! Writes `report.md` (what ran, a summary table, per-epoch tables, the final confusion matrix),
+//! plots as SVG and PNG (loss and accuracy per epoch, learning rate and throughput per logged
+//! step, confusion matrices) and the metrics as CSV (`epochs.csv`, `steps.csv`).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::plot::{self, PlotError, Series};
+use crate::eval::EvalReport;
+use crate::manifest::Manifest;
+use crate::tensor_io::{self, TensorIoError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunReportError {
+    #[error("{path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: line {line}: {problem}")]
+    Parse { path: PathBuf, line: usize, problem: String },
+    #[error("{path}: no epoch finished yet, nothing to report")]
+    NoEpochs { path: PathBuf },
+    #[error(transparent)]
+    Plot(#[from] PlotError),
+    #[error(transparent)]
+    Write(#[from] TensorIoError),
+}
+
+/// One line of metrics.jsonl: a step record or an epoch record.
+#[derive(Debug, Clone, Deserialize)]
+struct Record {
+    kind: String,
+    epoch: u32,
+    #[serde(default)]
+    step: u64,
+    global_step: u64,
+    #[serde(default)]
+    loss: f64,
+    #[serde(default)]
+    accuracy: f64,
+    #[serde(default)]
+    lr: f64,
+    #[serde(default)]
+    images_per_second: f64,
+    #[serde(default)]
+    train_loss: f64,
+    #[serde(default)]
+    train_accuracy: f64,
+    #[serde(default)]
+    train_images_per_second: f64,
+    #[serde(default)]
+    seconds: f64,
+    val: Option<EvalReport>,
+}
+
+/// What the report knows about one run.
+pub struct RunData {
+    pub dir: PathBuf,
+    pub name: String,
+    manifest: Option<Manifest>,
+    classes: Vec<String>,
+    steps: Vec<Record>,
+    epochs: Vec<Record>,
+}
+
+impl RunData {
+    pub fn read(dir: &Path) -> Result<RunData, RunReportError> {
+        let path = dir.join("metrics.jsonl");
+        let text = std::fs::read_to_string(&path)
+            .map_err(|source| RunReportError::Read { path: path.clone(), source })?;
+        let (mut steps, mut epochs) = (Vec::new(), Vec::new());
+        for (number, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let record: Record = serde_json::from_str(line).map_err(|e| RunReportError::Parse {
+                path: path.clone(),
+                line: number + 1,
+                problem: e.to_string(),
+            })?;
+            match record.kind.as_str() {
+                "epoch" => epochs.push(record),
+                _ => steps.push(record),
+            }
+        }
+        if epochs.is_empty() {
+            return Err(RunReportError::NoEpochs { path });
+        }
+        let manifest = Manifest::read(dir).ok();
+        let classes =
+            manifest.as_ref().and_then(|m| m.data.first()).map(|d| d.classes.clone()).unwrap_or_default();
+        let name =
+            dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+        Ok(RunData { dir: dir.to_path_buf(), name, manifest, classes, steps, epochs })
+    }
+
+    fn last_eval(&self) -> Option<&EvalReport> {
+        self.epochs.last().and_then(|e| e.val.as_ref())
+    }
+}
+
+/// Writes the report for `runs` into `out` and returns the path of `report.md`.
+pub fn write(runs: &[RunData], out: &Path) -> Result<PathBuf, RunReportError> {
+    std::fs::create_dir_all(out)
+        .map_err(|source| RunReportError::Read { path: out.to_path_buf(), source })?;
+    let epoch_series = |value: fn(&Record) -> f64, what: &str| -> Vec<Series> {
+        runs.iter()
+            .map(|run| Series {
+                label: format!("{} {what}", run.name),
+                points: run.epochs.iter().map(|e| (f64::from(e.epoch + 1), value(e))).collect(),
+            })
+            .collect()
+    };
+    let step_series = |value: fn(&Record) -> f64| -> Vec<Series> {
+        runs.iter()
+            .map(|run| Series {
+                label: run.name.clone(),
+                points: run.steps.iter().map(|s| (s.global_step as f64, value(s))).collect(),
+            })
+            .collect()
+    };
+    let val_loss = |e: &Record| e.val.as_ref().map_or(f64::NAN, |v| v.loss);
+    let val_top1 = |e: &Record| e.val.as_ref().map_or(f64::NAN, |v| v.top1);
+    let mut loss = epoch_series(|e| e.train_loss, "train");
+    loss.extend(epoch_series(val_loss, "val"));
+    let labels = |title, x, y, log_y| plot::Labels { title, x, y, log_y };
+    plot::lines(&out.join("loss"), &labels("Loss per epoch", "epoch", "cross-entropy", true), &loss)?;
+    let mut accuracy = epoch_series(|e| e.train_accuracy, "train");
+    accuracy.extend(epoch_series(val_top1, "val top-1"));
+    plot::lines(&out.join("accuracy"), &labels("Accuracy per epoch", "epoch", "accuracy", false), &accuracy)?;
+    plot::lines(
+        &out.join("lr"),
+        &labels("Learning rate", "global step", "lr", false),
+        &step_series(|s| s.lr),
+    )?;
+    let throughput = labels("Training throughput", "global step", "images / s", false);
+    plot::lines(&out.join("throughput"), &throughput, &step_series(|s| s.images_per_second))?;
+    for run in runs {
+        if let Some(eval) = run.last_eval() {
+            let title = format!("{}: validation confusion, epoch {}", run.name, run.epochs.len());
+            plot::confusion(
+                &out.join(format!("confusion-{}", run.name)),
+                &title,
+                &run.classes,
+                &eval.confusion,
+            )?;
+        }
+    }
+    tensor_io::write_atomic(&out.join("epochs.csv"), epochs_csv(runs).as_bytes())?;
+    tensor_io::write_atomic(&out.join("steps.csv"), steps_csv(runs).as_bytes())?;
+    let report = out.join("report.md");
+    tensor_io::write_atomic(&report, markdown(runs).as_bytes())?;
+    Ok(report)
+}
+
+fn epochs_csv(runs: &[RunData]) -> String {
+    let mut csv = String::from("run,epoch,global_step,train_loss,train_accuracy,val_loss,val_top1,train_images_per_second,seconds,lr\n");
+    for run in runs {
+        for e in &run.epochs {
+            let (val_loss, val_top1) = e.val.as_ref().map_or((f64::NAN, f64::NAN), |v| (v.loss, v.top1));
+            let _ = writeln!(
+                csv,
+                "{},{},{},{},{},{},{},{},{},{}",
+                run.name,
+                e.epoch + 1,
+                e.global_step,
+                e.train_loss,
+                e.train_accuracy,
+                val_loss,
+                val_top1,
+                e.train_images_per_second,
+                e.seconds,
+                e.lr
+            );
+        }
+    }
+    csv
+}
+
+fn steps_csv(runs: &[RunData]) -> String {
+    let mut csv = String::from("run,epoch,step,global_step,loss,accuracy,lr,images_per_second\n");
+    for run in runs {
+        for s in &run.steps {
+            let _ = writeln!(
+                csv,
+                "{},{},{},{},{},{},{},{}",
+                run.name,
+                s.epoch + 1,
+                s.step,
+                s.global_step,
+                s.loss,
+                s.accuracy,
+                s.lr,
+                s.images_per_second
+            );
+        }
+    }
+    csv
+}
+
+fn markdown(runs: &[RunData]) -> String {
+    let mut md = String::from("# Training report\n\n");
+    let _ = writeln!(md, "| run | arch | ranks | epochs | final val top-1 | best val top-1 | img/s | config sha256 | weights sha256 |");
+    md.push_str("|---|---|---:|---:|---:|---:|---:|---|---|\n");
+    for run in runs {
+        let last = run.epochs.last();
+        let best = run.epochs.iter().filter_map(|e| e.val.as_ref().map(|v| v.top1)).fold(f64::NAN, f64::max);
+        let m = run.manifest.as_ref();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {:.4} | {:.4} | {:.1} | {} | {} |",
+            run.name,
+            m.map_or("?".to_string(), |m| m.config.model.arch.to_string()),
+            m.map_or(1, |m| m.job.world_size),
+            run.epochs.len(),
+            run.last_eval().map_or(f64::NAN, |v| v.top1),
+            best,
+            last.map_or(f64::NAN, |e| e.train_images_per_second),
+            m.map_or("?", |m| &m.config_hash[..12.min(m.config_hash.len())]),
+            m.and_then(|m| m.weights.as_ref()).map_or("(unfinished)", |w| &w.sha256[..12]),
+        );
+    }
+    md.push_str("\n![loss](loss.svg)\n\n![accuracy](accuracy.svg)\n\n![learning rate](lr.svg)\n\n![throughput](throughput.svg)\n\n");
+    for run in runs {
+        let _ = writeln!(md, "## {}\n", run.name);
+        if let Some(m) = &run.manifest {
+            let _ = writeln!(
+                md,
+                "rtrain {} (git {}), libtorch {}, {} rank(s) on {} node(s) ({}), {} thread(s) per rank on {}, seed {}, deterministic {}, \
+                 started {}, finished {}. Directory: `{}`.\n",
+                m.rtrain_version,
+                m.git_revision,
+                m.software.libtorch,
+                m.job.world_size,
+                m.job.nodes,
+                m.job.hosts.join(", "),
+                m.job.threads_per_rank,
+                m.job.device,
+                m.seeds.run,
+                m.deterministic,
+                m.started,
+                m.finished.as_deref().unwrap_or("-"),
+                run.dir.display()
+            );
+        }
+        md.push_str("| epoch | train loss | train acc | val loss | val top-1 | img/s | s |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+        for e in &run.epochs {
+            let (val_loss, val_top1) = e.val.as_ref().map_or((f64::NAN, f64::NAN), |v| (v.loss, v.top1));
+            let _ = writeln!(
+                md,
+                "| {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.1} | {:.1} |",
+                e.epoch + 1,
+                e.train_loss,
+                e.train_accuracy,
+                val_loss,
+                val_top1,
+                e.train_images_per_second,
+                e.seconds
+            );
+        }
+        if let Some(eval) = run.last_eval() {
+            let _ = writeln!(md, "\nFinal validation confusion (rows: true class, columns: predicted):\n");
+            let label = |i: usize| run.classes.get(i).cloned().unwrap_or_else(|| i.to_string());
+            let n = eval.confusion.len();
+            let _ = writeln!(
+                md,
+                "| true \\ predicted | {} | accuracy |",
+                (0..n).map(label).collect::<Vec<_>>().join(" | ")
+            );
+            let _ = writeln!(md, "|---|{}---:|", "---:|".repeat(n));
+            for (i, row) in eval.confusion.iter().enumerate() {
+                let cells: Vec<String> = row.iter().map(u64::to_string).collect();
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {:.3} |",
+                    label(i),
+                    cells.join(" | "),
+                    eval.per_class.get(i).unwrap_or(&0.0)
+                );
+            }
+            let _ = writeln!(md, "\n![confusion](confusion-{}.svg)\n", run.name);
+        }
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_metrics_and_writes_tables_and_csv() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run-a");
+        std::fs::create_dir_all(&run).unwrap();
+        let val = r#"{"samples":4,"loss":0.5,"top1":0.75,"per_class":[1.0,0.5],"confusion":[[2,0],[1,1]]}"#;
+        std::fs::write(
+            run.join("metrics.jsonl"),
+            format!(
+                "{{\"kind\":\"step\",\"epoch\":0,\"step\":1,\"global_step\":1,\"loss\":1.5,\"accuracy\":0.25,\"lr\":0.1,\"images_per_second\":99.0}}\n\
+                 {{\"kind\":\"epoch\",\"epoch\":0,\"global_step\":1,\"train_loss\":1.5,\"train_accuracy\":0.25,\"train_images_per_second\":99.0,\"lr\":0.1,\"seconds\":2.0,\"val\":{val}}}\n"
+            ),
+        )
+        .unwrap();
+        let data = RunData::read(&run).unwrap();
+        assert_eq!((data.steps.len(), data.epochs.len()), (1, 1));
+        assert!(
+            epochs_csv(&[RunData::read(&run).unwrap()]).contains("\nrun-a,1,1,1.5,0.25,0.5,0.75,99,2,0.1\n")
+        );
+        let md = markdown(&[data]);
+        assert!(md.contains("| 1 | 1.5000 | 0.2500 | 0.5000 | 0.7500 | 99.0 | 2.0 |"), "{md}");
+        assert!(md.contains("| 1 | 1 | 1 | 0.500 |"), "the confusion row of class 1: {md}");
+        let err = RunData::read(dir.path()).err().unwrap().to_string();
+        assert!(err.contains("metrics.jsonl"), "{err}");
+    }
+}
