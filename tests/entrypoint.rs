@@ -1,0 +1,132 @@
+//! The container entrypoint (`entrypoint`, POSIX sh) across simulated runtimes, GPUs and
+//! launchers: a fake filesystem root holds the runtime marks and `/dev/nvidia*`, and fake
+//! `rtrain` and `mpirun` record how they were called. Also: shellcheck finds nothing.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// Writes an executable script that prints its name and then each argument on its own line.
+fn recorder(dir: &Path, name: &str) {
+    let path = dir.join(name);
+    std::fs::write(
+        &path,
+        format!("#!/bin/sh\necho {name}\nfor a in \"$@\"; do printf '[%s]\\n' \"$a\"; done\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+}
+
+struct Scene {
+    dir: tempfile::TempDir,
+}
+
+impl Scene {
+    /// A fake root with the given marks (paths relative to it) and fake binaries.
+    fn new(marks: &[&str]) -> Scene {
+        let dir = tempfile::tempdir().unwrap();
+        for mark in marks {
+            let path = dir.path().join("root").join(mark);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            if mark.ends_with('/') {
+                std::fs::create_dir_all(&path).unwrap();
+            } else {
+                std::fs::write(&path, "").unwrap();
+            }
+        }
+        std::fs::create_dir_all(dir.path().join("root")).unwrap();
+        std::fs::create_dir_all(dir.path().join("bin")).unwrap();
+        recorder(&dir.path().join("bin"), "rtrain");
+        recorder(&dir.path().join("bin"), "mpirun");
+        Scene { dir }
+    }
+
+    fn run(&self, env: &[(&str, &str)], args: &[&str]) -> Output {
+        let path = format!("{}:/usr/bin:/bin", self.dir.path().join("bin").display());
+        let mut command = Command::new(common::repo().join("entrypoint"));
+        command.env_clear().env("PATH", path).env("RTRAIN_ENTRYPOINT_ROOT", self.dir.path().join("root"));
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let output = command.args(args).output().unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        output
+    }
+}
+
+fn lines(output: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&output.stdout).lines().map(String::from).collect()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn no_container_no_gpu_runs_rtrain_with_the_arguments_untouched() {
+    let scene = Scene::new(&[]);
+    let tricky = ["train", "--set", "run.name=\"a b\"", "$(touch /tmp/rtrain-pwned)", "*", ""];
+    let output = scene.run(&[], &tricky);
+    let expected: Vec<String> =
+        std::iter::once("rtrain".to_string()).chain(tricky.iter().map(|a| format!("[{a}]"))).collect();
+    assert_eq!(lines(&output), expected);
+    assert!(!Path::new("/tmp/rtrain-pwned").exists(), "an argument was executed");
+    assert!(stderr(&output).contains("runtime none, 0 GPU(s), launcher: no"), "{}", stderr(&output));
+}
+
+#[test]
+fn docker_with_two_gpus_starts_two_local_ranks_for_train_only() {
+    let scene = Scene::new(&[".dockerenv", "dev/nvidia0", "dev/nvidia1", "dev/nvidiactl"]);
+    let output = scene.run(&[], &["train", "--config", "configs/designsafe.toml"]);
+    let got = lines(&output);
+    assert_eq!(got[0], "mpirun");
+    let np = got.iter().position(|l| l == "[-np]").expect("-np");
+    assert_eq!(got[np + 1], "[2]", "one rank per GPU device (nvidiactl is not one): {got:?}");
+    let rest: Vec<&str> = got.iter().map(String::as_str).skip_while(|l| !l.ends_with("rtrain]")).collect();
+    assert!(rest[0].ends_with("rtrain]"), "{got:?}");
+    assert_eq!(&rest[1..], ["[train]", "[--config]", "[configs/designsafe.toml]"]);
+    assert!(stderr(&output).contains("runtime docker, 2 GPU(s)"));
+
+    // Other commands stay one process.
+    assert_eq!(lines(&scene.run(&[], &["doctor"])), vec!["rtrain", "[doctor]"]);
+}
+
+#[test]
+fn under_a_launcher_each_rank_runs_rtrain_itself() {
+    let scene = Scene::new(&[".singularity.d/", "dev/nvidia0", "dev/nvidia1"]);
+    for launcher in ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "PMIX_RANK"] {
+        let output = scene.run(&[(launcher, "2")], &["train"]);
+        assert_eq!(lines(&output), vec!["rtrain", "[train]"], "{launcher}");
+        assert!(stderr(&output).contains(&format!("runtime apptainer, 2 GPU(s), launcher: {launcher}")));
+    }
+}
+
+#[test]
+fn gpus_expected_but_absent_get_the_fix_for_the_runtime() {
+    /// Marks in the fake root, environment, and the fix the warning must name.
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 3] = [
+        (&[".dockerenv"], &[], "docker run --gpus all"),
+        (&[], &[("APPTAINER_CONTAINER", "/images/rtrain.sif")], "apptainer exec --nv"),
+        (&["run/.containerenv"], &[], "nvidia.com/gpu=all"),
+    ];
+    for (marks, env, fix) in cases {
+        let scene = Scene::new(marks);
+        let mut env = env.to_vec();
+        env.push(("NVIDIA_VISIBLE_DEVICES", "all"));
+        let output = scene.run(&env, &["train"]);
+        assert!(stderr(&output).contains(fix), "{fix}: {}", stderr(&output));
+        assert_eq!(lines(&output), vec!["rtrain", "[train]"], "still trains, on CPU");
+    }
+    // The variable alone, with no GPU expected by the runtime: no warning without it.
+    let quiet = Scene::new(&[".dockerenv"]).run(&[], &["train"]);
+    assert!(!stderr(&quiet).contains("no GPU visible"));
+}
+
+#[test]
+fn entrypoint_is_shellcheck_clean() {
+    let output = Command::new("shellcheck").arg(common::repo().join("entrypoint")).output();
+    let output = output.expect("shellcheck is missing: run scripts/setup --test");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stdout));
+}
