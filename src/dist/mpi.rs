@@ -160,7 +160,8 @@ impl Communicator for MpiCommunicator {
     }
 
     fn library_version(&self) -> Option<String> {
-        mpi::environment::library_version().ok().map(|v| v.trim().to_string())
+        // The C string comes back with its terminating NUL.
+        mpi::environment::library_version().ok().map(|v| v.trim_end_matches('\0').trim().to_string())
     }
 
     fn abort(&self, code: i32) -> ! {
