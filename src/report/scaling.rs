@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::bench::median;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     #[error("{path}: {source}")]
@@ -64,15 +66,6 @@ fn read(path: &Path) -> Result<String, ReportError> {
     std::fs::read_to_string(path).map_err(|source| ReportError::Read { path: path.to_path_buf(), source })
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
-}
-
 /// One row per run, in order of world size, with speed-up and efficiency against the first.
 pub fn scaling(runs: &[PathBuf]) -> Result<Vec<ScalingRow>, ReportError> {
     let mut rows = Vec::with_capacity(runs.len());
@@ -101,8 +94,8 @@ pub fn scaling(runs: &[PathBuf]) -> Result<Vec<ScalingRow>, ReportError> {
             nodes: summary.nodes,
             global_batch_size: summary.global_batch_size,
             epochs_used: used.len(),
-            epoch_seconds: median(used.iter().map(|e| e.seconds).collect()),
-            images_per_second: median(used.iter().map(|e| e.train_images_per_second).collect()),
+            epoch_seconds: median(&used.iter().map(|e| e.seconds).collect::<Vec<_>>()),
+            images_per_second: median(&used.iter().map(|e| e.train_images_per_second).collect::<Vec<_>>()),
             speedup: 1.0,
             efficiency: 1.0,
         });
