@@ -11,7 +11,7 @@ use tch::{Kind, Reduction, Tensor};
 use crate::data::folder::{DataError, ImageFolder};
 use crate::data::loader::{Loader, LoaderOptions};
 use crate::data::transforms::Transform;
-use crate::dist::{self, Communicator};
+use crate::dist::Communicator;
 use crate::model::Model;
 use crate::precision::{Compute, ShimError};
 
@@ -62,7 +62,7 @@ impl Confusion {
     pub fn all_reduce(&mut self, comm: &dyn Communicator) {
         let mut values: Vec<f64> = self.counts.iter().flatten().map(|&c| c as f64).collect();
         values.push(self.loss_sum);
-        dist::sum_f64(comm, &mut values);
+        comm.all_reduce_sum_f64(&mut values);
         self.loss_sum = values.pop().unwrap_or(0.0);
         for (count, value) in self.counts.iter_mut().flatten().zip(values) {
             // Counts are far below 2^53: exact in f64.

@@ -650,7 +650,7 @@ impl Run<'_> {
             if log_now {
                 // Global values: the step's loss and accuracy over every rank's batch.
                 let mut sums = [loss * samples as f64, correct as f64, samples as f64, window.1 as f64];
-                dist::sum_f64(self.comm.as_ref(), &mut sums);
+                self.comm.all_reduce_sum_f64(&mut sums);
                 let (loss, accuracy) = (sums[0] / sums[2].max(1.0), sums[1] / sums[2].max(1.0));
                 let rate = sums[3] / window.0.elapsed().as_secs_f64().max(1e-9);
                 window = (Instant::now(), 0);
@@ -797,7 +797,7 @@ impl Run<'_> {
             return *local;
         }
         let mut sums = [local.loss_sum, local.correct as f64, local.samples as f64, local.seconds];
-        dist::sum_f64(self.comm.as_ref(), &mut sums);
+        self.comm.all_reduce_sum_f64(&mut sums);
         EpochTotals {
             loss_sum: sums[0],
             correct: sums[1] as u64,

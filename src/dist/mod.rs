@@ -307,11 +307,6 @@ pub fn broadcast_from_root(comm: &dyn Communicator, tensors: impl IntoIterator<I
     }
 }
 
-/// Sums `values` over all ranks (metrics: loss sums, counts, confusion matrices).
-pub fn sum_f64(comm: &dyn Communicator, values: &mut [f64]) {
-    comm.all_reduce_sum_f64(values);
-}
-
 /// Every rank's `value` (up to 255 bytes each, e.g. host names), in rank order.
 pub fn gather_strings(comm: &dyn Communicator, value: &str) -> Vec<String> {
     const SLOT: usize = 256;
