@@ -16,6 +16,7 @@ use crate::config::{Config, LoadedConfig, DEFAULT_DATA_ROOT};
 use crate::data::folder::ImageFolder;
 use crate::data::{idx, synth, transforms};
 use crate::dist::{self, AllreduceAlgorithm, Communicator};
+use crate::doctor;
 use crate::eval;
 use crate::launcher;
 use crate::logging::{self, LogFormat};
@@ -687,55 +688,66 @@ fn cmd_doctor(args: DoctorArgs) -> Result<()> {
     let config = args.config.load()?.config;
     let device = if tch::Cuda::is_available() { Device::Cuda(0) } else { Device::Cpu };
     let (compute, why) = train::compute_for(&config, device);
-    // Under a launcher, join the job to show what MPI says (the communicator is the truth).
-    let topology = match launcher::detect_from_process()? {
-        Some(_) => Some(dist::init(AllreduceAlgorithm::Mpi)?.topology().clone()),
-        None => None,
+    let probe = doctor::Probe::process();
+    let launch = launcher::detect_from_process()?;
+    let cuda = doctor::Cuda {
+        built: cfg!(feature = "cuda"),
+        available: tch::Cuda::is_available(),
+        devices: usize::try_from(tch::Cuda::device_count()).unwrap_or(0),
+        cudnn: tch::Cuda::cudnn_is_available(),
     };
-    let report = serde_json::json!({
-        "rtrain": env!("CARGO_PKG_VERSION"),
-        "libtorch": LIBTORCH_VERSION,
-        "cpu": {
-            "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-            "native_bf16": precision::cpu_has_native_bf16(),
-        },
-        "cuda": {
-            "available": tch::Cuda::is_available(),
-            "devices": tch::Cuda::device_count(),
-            "cudnn": tch::Cuda::cudnn_is_available(),
-        },
-        "compute": {
-            "device": format!("{device:?}"),
-            "precision": compute.precision.to_string(),
-            "precision_reason": why,
-            "channels_last": compute.channels_last,
-        },
-        "distributed": {
-            "mpi_built_in": cfg!(feature = "mpi"),
-            "job": topology,
-            "rank_device": topology.as_ref().map(|t| {
-                dist::device_for(t, usize::try_from(tch::Cuda::device_count()).unwrap_or(0))
-                    .map_or_else(|e| e.to_string(), |d| format!("{d:?}"))
-            }),
-        },
-    });
+    // Under a launcher, join the job to show what MPI says (the communicator is the truth); a
+    // failure to join is a finding, not the end of the report.
+    let mut mpi = doctor::Mpi::from_launch(launch.as_ref());
+    if launch.is_some() {
+        match dist::init(AllreduceAlgorithm::Mpi) {
+            Ok(comm) => {
+                let job = comm.topology().clone();
+                match dist::device_for(&job, cuda.devices) {
+                    Ok(device) => mpi.rank_device = Some(format!("{device:?}")),
+                    Err(error) => mpi.device_error = Some(error.to_string()),
+                }
+                mpi.job = Some(job);
+            }
+            Err(error) => mpi.error = Some(error.to_string()),
+        }
+    }
+    let local_ranks = mpi.job.as_ref().map_or(1, |job| job.local_world_size);
+    let threads = doctor::Threads {
+        cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        configured: config.train.threads,
+        local_ranks,
+    };
+    let mut facts = doctor::Facts::from_probe(&probe, cuda, mpi, threads);
+    facts.data_is_default = config.data.root == Path::new(DEFAULT_DATA_ROOT);
+    facts.directories = vec![
+        doctor::Directory::probe("data", &config.data.root),
+        doctor::Directory::probe("run", &config.run.dir),
+        doctor::Directory::probe("shm", &probe.path("/dev/shm")),
+    ];
+    let found = doctor::findings(&facts);
     if args.json {
+        let report = serde_json::json!({
+            "rtrain": env!("CARGO_PKG_VERSION"),
+            "libtorch": LIBTORCH_VERSION,
+            "cpu": {"native_bf16": precision::cpu_has_native_bf16()},
+            "compute": {
+                "device": format!("{device:?}"),
+                "precision": compute.precision.to_string(),
+                "precision_reason": why,
+                "channels_last": compute.channels_last,
+            },
+            "environment": facts,
+            "problems": found,
+        });
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!("rtrain {} on libtorch {LIBTORCH_VERSION}", env!("CARGO_PKG_VERSION"));
-        println!("cpu: {} cores, native bf16: {}", report["cpu"]["cores"], report["cpu"]["native_bf16"]);
-        println!(
-            "cuda: available {}, {} device(s), cuDNN {}",
-            report["cuda"]["available"], report["cuda"]["devices"], report["cuda"]["cudnn"]
-        );
-        println!("compute: {compute} ({why})");
-        match &topology {
-            Some(topology) => println!("job: {topology}"),
-            None => println!(
-                "job: single process (no launcher variables); MPI support {}",
-                if cfg!(feature = "mpi") { "built in" } else { "not built" }
-            ),
-        }
+        let preamble = [
+            format!("rtrain {} on libtorch {LIBTORCH_VERSION}", env!("CARGO_PKG_VERSION")),
+            format!("cpu: native bf16 {}", precision::cpu_has_native_bf16()),
+            format!("compute: {compute} ({why})"),
+        ];
+        print!("{}", doctor::render(&facts, &found, &preamble));
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod data;
 pub mod dist;
+pub mod doctor;
 pub mod eval;
 pub mod launcher;
 pub mod logging;

@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::Config;
 use crate::data::folder::ImageFolder;
+use crate::doctor;
 use crate::tensor_io::{self, TensorIoError};
 
 pub const FILE_NAME: &str = "manifest.json";
@@ -106,24 +107,10 @@ pub struct Container {
 }
 
 impl Container {
-    /// Reads the marks each runtime leaves: Apptainer/Singularity's variables and
-    /// `/.singularity.d`, Docker's `/.dockerenv`, Podman's `/run/.containerenv`.
+    /// What `rtrain doctor` detects (see `doctor::detect_runtime`).
     pub fn detect() -> Container {
-        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-        let image_label = env("RTRAIN_IMAGE");
-        if let Some(sif) = env("APPTAINER_CONTAINER").or_else(|| env("SINGULARITY_CONTAINER")) {
-            return Container { runtime: "apptainer".into(), image: Some(sif) };
-        }
-        let runtime = if Path::new("/.singularity.d").exists() {
-            "apptainer"
-        } else if Path::new("/run/.containerenv").exists() || env("container").as_deref() == Some("podman") {
-            "podman"
-        } else if Path::new("/.dockerenv").exists() {
-            "docker"
-        } else {
-            "none"
-        };
-        Container { runtime: runtime.into(), image: image_label }
+        let probe = doctor::Probe::process();
+        Container { runtime: doctor::detect_runtime(&probe).to_string(), image: doctor::detect_image(&probe) }
     }
 }
 

@@ -18,25 +18,11 @@ fn containerfile_passes_hadolint() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stdout));
 }
 
-/// The body of each `%section` of a definition file.
-fn sections(text: &str) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    for line in text.lines() {
-        if let Some(name) = line.strip_prefix('%') {
-            out.push((name.trim().to_string(), String::new()));
-        } else if let Some((_, body)) = out.last_mut() {
-            body.push_str(line);
-            body.push('\n');
-        }
-    }
-    out
-}
-
 #[test]
 fn apptainer_definition_has_its_sections_and_clean_scripts() {
     let text = std::fs::read_to_string(common::repo().join("apptainer.def")).unwrap();
     assert!(text.starts_with("Bootstrap: docker-daemon\nFrom: rtrain:latest\n"), "header");
-    let sections = sections(&text);
+    let sections = common::apptainer_sections(&text);
     let names: Vec<&str> = sections.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["labels", "environment", "post", "runscript", "test", "help"]);
     let help = &sections.iter().find(|(n, _)| n == "help").unwrap().1;
@@ -54,4 +40,16 @@ fn apptainer_definition_has_its_sections_and_clean_scripts() {
             Command::new("shellcheck").arg(&script).output().expect("shellcheck: run scripts/setup --test");
         assert!(output.status.success(), "%{name}: {}", String::from_utf8_lossy(&output.stdout));
     }
+}
+
+/// The project's shell scripts (setup, test, simcluster, container, CI) pass shellcheck.
+#[test]
+fn shell_scripts_pass_shellcheck() {
+    let scripts = ["scripts/setup", "scripts/test", "scripts/simcluster", "scripts/container", ".ci/run"];
+    let output = Command::new("shellcheck")
+        .current_dir(common::repo())
+        .args(scripts)
+        .output()
+        .expect("shellcheck: run scripts/setup --test");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stdout));
 }

@@ -57,14 +57,7 @@ fn exact_settings(data: &Path) -> Vec<String> {
 
 fn run_ok(mut command: Command, what: &str) -> Output {
     let output = command.output().unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
-    assert!(
-        output.status.success(),
-        "{what} failed ({}):\n{}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
+    common::assert_success(output, what)
 }
 
 fn weights(run: &Path) -> std::collections::BTreeMap<String, Tensor> {

@@ -130,3 +130,21 @@ fn entrypoint_is_shellcheck_clean() {
     let output = output.expect("shellcheck is missing: run scripts/setup --test");
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stdout));
 }
+
+/// Docker and Podman drop CAP_SYS_PTRACE, which Open MPI's single-copy shared-memory transport
+/// needs: the entrypoint turns it off there (unless the user chose), and leaves it elsewhere.
+#[test]
+fn shared_memory_single_copy_is_off_only_under_docker_and_podman() {
+    const VAR: &str = "OMPI_MCA_btl_vader_single_copy_mechanism";
+    let setting = |marks: &[&str], env: &[(&str, &str)]| -> Option<String> {
+        let mut env = env.to_vec();
+        env.push(("RTRAIN_BIN", "env"));
+        let output = Scene::new(marks).run(&env, &[]);
+        lines(&output).iter().find_map(|line| line.strip_prefix(&format!("{VAR}=")).map(String::from))
+    };
+    assert_eq!(setting(&[".dockerenv"], &[]).as_deref(), Some("none"));
+    assert_eq!(setting(&["run/.containerenv"], &[]).as_deref(), Some("none"));
+    assert_eq!(setting(&[".dockerenv"], &[(VAR, "cma")]).as_deref(), Some("cma"));
+    assert_eq!(setting(&[".singularity.d/"], &[]), None);
+    assert_eq!(setting(&[], &[]), None);
+}

@@ -65,3 +65,29 @@ pub fn synth(dir: &Path, train_per_class: usize, val_per_class: usize, image_siz
         .success();
     data
 }
+
+/// The body of each `%section` of an Apptainer definition file, in order.
+pub fn apptainer_sections(text: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix('%') {
+            out.push((name.trim().to_string(), String::new()));
+        } else if let Some((_, body)) = out.last_mut() {
+            body.push_str(line);
+            body.push('\n');
+        }
+    }
+    out
+}
+
+/// A finished command's output, after asserting it succeeded (its output shown when not).
+pub fn assert_success(output: std::process::Output, what: &str) -> std::process::Output {
+    assert!(
+        output.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}

@@ -1,0 +1,688 @@
+//! `rtrain doctor`: what this process sees of its surroundings (container runtime, GPUs and
+//! driver, MPI launcher and job, threads, the data and run directories and their free space) and
+//! the concrete fix for each problem found.
+//!
+//! Everything read from the machine goes through a [`Probe`]: environment variables plus a
+//! filesystem root. The process uses `/` and its real environment; tests point the root at a
+//! temporary directory holding the marks each runtime leaves (`/.dockerenv`,
+//! `/run/.containerenv`, `/.singularity.d`, `/dev/nvidia0`, `/proc/driver/nvidia/version`), so
+//! Apptainer, Docker and Podman with or without GPUs are simulated without them.
+//! The judgement ([`findings`]) is a pure function of the gathered [`Facts`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::dist::Topology;
+use crate::launcher::LaunchInfo;
+
+/// Below this much free space in the run directory's filesystem, checkpoints may not fit
+/// (a ResNet-50 checkpoint with SGD momentum is about 200 MB; `checkpoint.keep_last` of them).
+pub const MIN_RUN_DIR_FREE: u64 = 1 << 30;
+/// Docker and Podman give containers a 64 MiB `/dev/shm`; Open MPI's shared-memory transport
+/// puts its segments there and fails or falls back to slow paths when it is that small.
+pub const MIN_SHM_FREE: u64 = 256 << 20;
+
+/// Where detection looks: environment variables and a filesystem root.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    root: PathBuf,
+    vars: BTreeMap<String, String>,
+}
+
+impl Probe {
+    /// This process: `/` and its environment.
+    pub fn process() -> Probe {
+        Probe { root: PathBuf::from("/"), vars: std::env::vars().collect() }
+    }
+
+    /// A simulated machine: `root` stands for `/`.
+    pub fn simulated(root: impl Into<PathBuf>, vars: &[(&str, &str)]) -> Probe {
+        let vars = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Probe { root: root.into(), vars }
+    }
+
+    /// A variable's value, treating empty as unset.
+    pub fn var(&self, name: &str) -> Option<&str> {
+        self.vars.get(name).map(String::as_str).filter(|v| !v.is_empty())
+    }
+
+    /// An absolute path of the probed machine, under the probe's root.
+    pub fn path(&self, absolute: &str) -> PathBuf {
+        self.root.join(absolute.trim_start_matches('/'))
+    }
+}
+
+/// The container runtime the process runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Runtime {
+    Apptainer,
+    Podman,
+    Docker,
+    None,
+}
+
+impl fmt::Display for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Runtime::Apptainer => "apptainer",
+            Runtime::Podman => "podman",
+            Runtime::Docker => "docker",
+            Runtime::None => "none",
+        })
+    }
+}
+
+/// Reads the marks each runtime leaves: Apptainer/Singularity's variables and `/.singularity.d`,
+/// Podman's `/run/.containerenv` (or `container=podman`), Docker's `/.dockerenv`. Podman is
+/// checked before Docker because Podman may create `/.dockerenv` too.
+pub fn detect_runtime(probe: &Probe) -> Runtime {
+    let apptainer_var =
+        ["APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "APPTAINER_NAME", "SINGULARITY_NAME"]
+            .iter()
+            .any(|name| probe.var(name).is_some());
+    if apptainer_var || probe.path("/.singularity.d").is_dir() {
+        Runtime::Apptainer
+    } else if probe.path("/run/.containerenv").exists() || probe.var("container") == Some("podman") {
+        Runtime::Podman
+    } else if probe.path("/.dockerenv").exists() {
+        Runtime::Docker
+    } else {
+        Runtime::None
+    }
+}
+
+/// The image: Apptainer's SIF path, or what the image's own environment says (`RTRAIN_IMAGE`,
+/// set by the Containerfile).
+pub fn detect_image(probe: &Probe) -> Option<String> {
+    ["APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "RTRAIN_IMAGE"]
+        .iter()
+        .find_map(|name| probe.var(name))
+        .map(str::to_string)
+}
+
+/// The NVIDIA GPU device nodes visible in `/dev` (`nvidia0`, `nvidia1`, ...), in index order.
+/// Every runtime that passes GPUs in (`--nv`, `--gpus`, CDI) makes these appear; the variables
+/// that ask for GPUs prove nothing on their own.
+pub fn gpu_devices(probe: &Probe) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(probe.path("/dev")) else { return Vec::new() };
+    let mut indexed: Vec<(u32, String)> = entries
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter_map(|name| Some((name.strip_prefix("nvidia")?.parse().ok()?, name)))
+        .collect();
+    indexed.sort();
+    indexed.into_iter().map(|(_, name)| name).collect()
+}
+
+/// The loaded NVIDIA kernel driver's version, from `/proc/driver/nvidia/version`
+/// ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.82.07  ...").
+pub fn driver_version(probe: &Probe) -> Option<String> {
+    let text = std::fs::read_to_string(probe.path("/proc/driver/nvidia/version")).ok()?;
+    let line = text.lines().find(|line| line.starts_with("NVRM version"))?;
+    let after = line.split("Kernel Module").nth(1)?;
+    after.split_whitespace().next().map(str::to_string)
+}
+
+/// Whether the environment asks for GPUs: NVIDIA's images set `NVIDIA_VISIBLE_DEVICES`, and
+/// the runtimes' GPU options are expected to honour it.
+pub fn gpus_requested(probe: &Probe) -> bool {
+    probe.var("NVIDIA_VISIBLE_DEVICES").is_some_and(|v| !matches!(v, "void" | "none"))
+}
+
+/// Free space of the filesystem that holds `path`, or would hold it once created (the nearest
+/// existing ancestor is measured).
+pub fn available_bytes(path: &Path) -> Option<u64> {
+    let absolute = std::path::absolute(path).ok()?;
+    let existing = absolute.ancestors().find(|p| p.exists())?;
+    let c_path = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: c_path is NUL-terminated and stat is a valid out-pointer for statvfs.
+    if unsafe { libc::statvfs(c_path.as_ptr(), stat.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled `stat`.
+    let stat = unsafe { stat.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // the field types differ between libc targets
+    Some(stat.f_bavail as u64 * stat.f_frsize as u64)
+}
+
+/// A directory rtrain needs, and what is known about it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Directory {
+    /// "data", "run" or "shm".
+    pub role: &'static str,
+    pub path: PathBuf,
+    pub exists: bool,
+    pub available_bytes: Option<u64>,
+}
+
+impl Directory {
+    pub fn probe(role: &'static str, path: &Path) -> Directory {
+        Directory {
+            role,
+            path: path.to_path_buf(),
+            exists: path.exists(),
+            available_bytes: available_bytes(path),
+        }
+    }
+}
+
+/// What libtorch says about CUDA, and whether this binary was built for it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Cuda {
+    pub built: bool,
+    pub available: bool,
+    pub devices: usize,
+    pub cudnn: bool,
+}
+
+/// The MPI side: whether MPI is compiled in, what the launcher variables say, and the job as the
+/// communicator sees it (or why joining it failed).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Mpi {
+    pub built_in: bool,
+    pub launcher: Option<String>,
+    pub job: Option<Topology>,
+    /// Why joining the job failed.
+    pub error: Option<String>,
+    /// The device this rank would take, or why it cannot take one.
+    pub rank_device: Option<String>,
+    pub device_error: Option<String>,
+}
+
+impl Mpi {
+    pub fn from_launch(launch: Option<&LaunchInfo>) -> Mpi {
+        Mpi {
+            built_in: cfg!(feature = "mpi"),
+            launcher: launch.map(|l| l.launcher.to_string()),
+            job: None,
+            error: None,
+            rank_device: None,
+            device_error: None,
+        }
+    }
+}
+
+/// Threads: the cores this process may use, what `train.threads` asks for, and how many ranks
+/// share the node.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Threads {
+    pub cores: usize,
+    pub configured: usize,
+    pub local_ranks: usize,
+}
+
+/// Everything `rtrain doctor` reports.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Facts {
+    pub runtime: Runtime,
+    pub image: Option<String>,
+    pub hostname: String,
+    pub gpu_devices: Vec<String>,
+    pub gpus_requested: bool,
+    pub driver: Option<String>,
+    pub cuda: Cuda,
+    pub mpi: Mpi,
+    pub threads: Threads,
+    pub directories: Vec<Directory>,
+    /// `data.root` is the built-in default, generated on first use when missing.
+    pub data_is_default: bool,
+}
+
+impl Facts {
+    /// The probe's part of the facts; the caller fills in what libtorch, MPI and the
+    /// configuration say.
+    pub fn from_probe(probe: &Probe, cuda: Cuda, mpi: Mpi, threads: Threads) -> Facts {
+        Facts {
+            runtime: detect_runtime(probe),
+            image: detect_image(probe),
+            hostname: crate::dist::hostname(),
+            gpu_devices: gpu_devices(probe),
+            gpus_requested: gpus_requested(probe),
+            driver: driver_version(probe),
+            cuda,
+            mpi,
+            threads,
+            directories: Vec::new(),
+            data_is_default: false,
+        }
+    }
+
+    fn directory(&self, role: &str) -> Option<&Directory> {
+        self.directories.iter().find(|d| d.role == role)
+    }
+}
+
+/// A problem and the command-line change, option or setting that fixes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub problem: String,
+    pub fix: String,
+}
+
+fn finding(problem: impl Into<String>, fix: impl Into<String>) -> Finding {
+    Finding { problem: problem.into(), fix: fix.into() }
+}
+
+/// How to pass the host's GPUs into each runtime.
+fn gpu_option(runtime: Runtime) -> &'static str {
+    match runtime {
+        Runtime::Apptainer => {
+            "add --nv: `apptainer run --nv rtrain.sif ...` (binds the driver and /dev/nvidia*)"
+        }
+        Runtime::Docker => {
+            "add --gpus all: `docker run --gpus all ...` (needs the NVIDIA Container Toolkit on the host)"
+        }
+        Runtime::Podman => {
+            "add --device nvidia.com/gpu=all (CDI; generate the spec once with `nvidia-ctk cdi generate`)"
+        }
+        Runtime::None => "check that the NVIDIA driver is loaded (`nvidia-smi`) and that /dev/nvidia* exist",
+    }
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
+/// The problems in `facts`, each with its fix. Empty when all is well.
+pub fn findings(facts: &Facts) -> Vec<Finding> {
+    let mut found = Vec::new();
+    let gpus = facts.gpu_devices.len();
+    if facts.gpus_requested && gpus == 0 {
+        found.push(finding(
+            format!("GPUs are expected (NVIDIA_VISIBLE_DEVICES is set) but no /dev/nvidia* device is visible under {}", facts.runtime),
+            gpu_option(facts.runtime),
+        ));
+    }
+    if gpus > 0 && !facts.cuda.built {
+        found.push(finding(
+            format!(
+                "{gpus} GPU device(s) visible, but this rtrain is built without CUDA and trains on the CPU"
+            ),
+            "use the CUDA image (Containerfile) or build with `cargo build --release --features cuda`",
+        ));
+    }
+    if gpus > 0 && facts.cuda.built && !facts.cuda.available {
+        found.push(finding(
+            format!("{gpus} GPU device(s) visible, but libtorch cannot use CUDA (driver {})", facts.driver.as_deref().unwrap_or("unknown")),
+            format!(
+                "the driver's user-space library (libcuda.so.1) must be visible in the container: {}; CUDA 13 needs driver 580 or newer",
+                gpu_option(facts.runtime)
+            ),
+        ));
+    }
+    if let Some(error) = &facts.mpi.error {
+        let fix = if facts.mpi.built_in {
+            "launch with the MPI that matches the image's Open MPI (hybrid model: same major version and PMIx on host and in the container), or run without a launcher"
+        } else {
+            "this rtrain is built without MPI: rebuild with default features (`cargo build --release`), or run one process without a launcher"
+        };
+        found.push(finding(format!("cannot join the MPI job: {error}"), fix));
+    }
+    if let Some(error) = &facts.mpi.device_error {
+        let gpus = facts.cuda.devices;
+        found.push(finding(
+            error.clone(),
+            format!("start at most {gpus} ranks per node, one per GPU (`--map-by ppr:{gpus}:node`, `srun --ntasks-per-node {gpus}`)"),
+        ));
+    }
+    let threads = &facts.threads;
+    if threads.configured > 0 && threads.configured * threads.local_ranks > threads.cores {
+        found.push(finding(
+            format!(
+                "train.threads = {} for each of {} rank(s) on this node oversubscribes its {} cores",
+                threads.configured, threads.local_ranks, threads.cores
+            ),
+            format!(
+                "set train.threads = 0 (each rank takes its share of the cores) or at most {}",
+                (threads.cores / threads.local_ranks.max(1)).max(1)
+            ),
+        ));
+    }
+    if let Some(data) = facts.directory("data") {
+        if !data.exists && !facts.data_is_default {
+            found.push(finding(
+                format!("data.root {} does not exist", data.path.display()),
+                format!(
+                    "point data.root at an image tree with train/ and val/ folders of one folder per class, or create one with `rtrain data synth {}`",
+                    data.path.display()
+                ),
+            ));
+        }
+    }
+    if let Some(run) = facts.directory("run") {
+        if let Some(free) = run.available_bytes.filter(|&free| free < MIN_RUN_DIR_FREE) {
+            found.push(finding(
+                format!("only {} free for the run directory {}", gib(free), run.path.display()),
+                format!(
+                    "free space or set run.dir to a filesystem with at least {} free",
+                    gib(MIN_RUN_DIR_FREE)
+                ),
+            ));
+        }
+    }
+    if matches!(facts.runtime, Runtime::Docker | Runtime::Podman) {
+        if let Some(free) =
+            facts.directory("shm").and_then(|d| d.available_bytes).filter(|&free| free < MIN_SHM_FREE)
+        {
+            found.push(finding(
+                format!(
+                    "/dev/shm has only {} MiB free; Open MPI's shared-memory transport needs more",
+                    free >> 20
+                ),
+                format!("start the container with --shm-size=1g (or --ipc=host) under {}", facts.runtime),
+            ));
+        }
+    }
+    found
+}
+
+/// The human form of a report.
+pub fn render(facts: &Facts, findings: &[Finding], preamble: &[String]) -> String {
+    let mut out = String::new();
+    let mut line = |text: String| {
+        out.push_str(&text);
+        out.push('\n');
+    };
+    for text in preamble {
+        line(text.clone());
+    }
+    line(format!(
+        "runtime: {}{} on host {}",
+        facts.runtime,
+        facts.image.as_ref().map(|i| format!(" (image {i})")).unwrap_or_default(),
+        facts.hostname
+    ));
+    line(format!(
+        "gpus: {} device(s) {}; driver {}; requested by NVIDIA_VISIBLE_DEVICES: {}",
+        facts.gpu_devices.len(),
+        if facts.gpu_devices.is_empty() { "-".to_string() } else { facts.gpu_devices.join(",") },
+        facts.driver.as_deref().unwrap_or("none"),
+        facts.gpus_requested
+    ));
+    line(format!(
+        "cuda: built {}, available {}, {} device(s), cuDNN {}",
+        facts.cuda.built, facts.cuda.available, facts.cuda.devices, facts.cuda.cudnn
+    ));
+    let mpi = &facts.mpi;
+    line(match (&mpi.job, &mpi.launcher) {
+        (Some(job), _) => format!("job: {job}"),
+        (None, Some(launcher)) => format!("job: launched by {launcher}, not joined"),
+        (None, None) => format!(
+            "job: single process (no launcher variables); MPI support {}",
+            if mpi.built_in { "built in" } else { "not built" }
+        ),
+    });
+    line(format!(
+        "threads: {} cores, train.threads = {} ({}), {} rank(s) on this node",
+        facts.threads.cores,
+        facts.threads.configured,
+        if facts.threads.configured == 0 { "this rank's share" } else { "fixed" },
+        facts.threads.local_ranks
+    ));
+    for dir in &facts.directories {
+        line(format!(
+            "{}: {} ({}, {} free)",
+            dir.role,
+            dir.path.display(),
+            if dir.exists { "exists" } else { "not created yet" },
+            dir.available_bytes.map_or_else(|| "unknown".to_string(), gib)
+        ));
+    }
+    if findings.is_empty() {
+        line("problems: none found".to_string());
+    } else {
+        line(format!("problems: {}", findings.len()));
+        for f in findings {
+            line(format!("  - {}\n    fix: {}", f.problem, f.fix));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One simulated machine: files under the fake root, and environment variables.
+    struct Case {
+        name: &'static str,
+        files: &'static [&'static str],
+        vars: &'static [(&'static str, &'static str)],
+        runtime: Runtime,
+        gpus: usize,
+        requested: bool,
+        /// Text the fix of the GPU finding must contain; None: no GPU finding.
+        gpu_fix: Option<&'static str>,
+    }
+
+    const DRIVER: &str = "proc/driver/nvidia/version";
+
+    const CASES: &[Case] = &[
+        Case {
+            name: "bare host",
+            files: &[],
+            vars: &[],
+            runtime: Runtime::None,
+            gpus: 0,
+            requested: false,
+            gpu_fix: None,
+        },
+        Case {
+            name: "docker without --gpus, CUDA image",
+            files: &[".dockerenv"],
+            vars: &[("NVIDIA_VISIBLE_DEVICES", "all")],
+            runtime: Runtime::Docker,
+            gpus: 0,
+            requested: true,
+            gpu_fix: Some("--gpus all"),
+        },
+        Case {
+            name: "docker with --gpus all",
+            files: &[".dockerenv", "dev/nvidia0", "dev/nvidia1", "dev/nvidiactl", "dev/nvidia-uvm", DRIVER],
+            vars: &[("NVIDIA_VISIBLE_DEVICES", "all")],
+            runtime: Runtime::Docker,
+            gpus: 2,
+            requested: true,
+            gpu_fix: None,
+        },
+        Case {
+            name: "docker, Debian image, no GPU asked",
+            files: &[".dockerenv"],
+            vars: &[],
+            runtime: Runtime::Docker,
+            gpus: 0,
+            requested: false,
+            gpu_fix: None,
+        },
+        Case {
+            name: "podman without CDI device",
+            files: &["run/.containerenv", ".dockerenv"],
+            vars: &[("NVIDIA_VISIBLE_DEVICES", "all")],
+            runtime: Runtime::Podman,
+            gpus: 0,
+            requested: true,
+            gpu_fix: Some("nvidia.com/gpu=all"),
+        },
+        Case {
+            name: "podman by variable only",
+            files: &[],
+            vars: &[("container", "podman")],
+            runtime: Runtime::Podman,
+            gpus: 0,
+            requested: false,
+            gpu_fix: None,
+        },
+        Case {
+            name: "apptainer without --nv",
+            files: &[".singularity.d/env/90-environment.sh"],
+            vars: &[("APPTAINER_CONTAINER", "/scratch/rtrain.sif"), ("NVIDIA_VISIBLE_DEVICES", "all")],
+            runtime: Runtime::Apptainer,
+            gpus: 0,
+            requested: true,
+            gpu_fix: Some("--nv"),
+        },
+        Case {
+            name: "apptainer with --nv, 4 GPUs",
+            files: &[
+                ".singularity.d/runscript",
+                "dev/nvidia0",
+                "dev/nvidia1",
+                "dev/nvidia2",
+                "dev/nvidia3",
+                DRIVER,
+            ],
+            vars: &[("SINGULARITY_CONTAINER", "/scratch/rtrain.sif")],
+            runtime: Runtime::Apptainer,
+            gpus: 4,
+            requested: false,
+            gpu_fix: None,
+        },
+        Case {
+            name: "GPUs switched off on purpose",
+            files: &[".dockerenv"],
+            vars: &[("NVIDIA_VISIBLE_DEVICES", "void")],
+            runtime: Runtime::Docker,
+            gpus: 0,
+            requested: false,
+            gpu_fix: None,
+        },
+        Case {
+            name: "host with a driver but no GPU bound",
+            files: &[DRIVER],
+            vars: &[("NVIDIA_VISIBLE_DEVICES", "0")],
+            runtime: Runtime::None,
+            gpus: 0,
+            requested: true,
+            gpu_fix: Some("nvidia-smi"),
+        },
+    ];
+
+    fn build(case: &Case) -> (tempfile::TempDir, Probe) {
+        let root = tempfile::tempdir().unwrap();
+        for file in case.files {
+            let path = root.path().join(file);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            let text = if *file == DRIVER {
+                "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.82.07  Wed Aug 20 2025\nGCC version:  gcc 12\n"
+            } else {
+                ""
+            };
+            std::fs::write(&path, text).unwrap();
+        }
+        let probe = Probe::simulated(root.path(), case.vars);
+        (root, probe)
+    }
+
+    fn quiet_facts(probe: &Probe, cuda_built: bool, cuda_available: bool) -> Facts {
+        let devices = gpu_devices(probe).len();
+        let cuda = Cuda { built: cuda_built, available: cuda_available, devices, cudnn: cuda_available };
+        let mpi = Mpi::from_launch(None);
+        Facts::from_probe(probe, cuda, mpi, Threads { cores: 16, configured: 0, local_ranks: 1 })
+    }
+
+    #[test]
+    fn simulated_runtimes_are_detected_with_their_gpus_and_fixes() {
+        for case in CASES {
+            let (_root, probe) = build(case);
+            let facts = quiet_facts(&probe, true, !gpu_devices(&probe).is_empty());
+            assert_eq!(facts.runtime, case.runtime, "{}", case.name);
+            assert_eq!(facts.gpu_devices.len(), case.gpus, "{}", case.name);
+            assert_eq!(facts.gpus_requested, case.requested, "{}", case.name);
+            let found = findings(&facts);
+            match case.gpu_fix {
+                Some(fix) => {
+                    assert_eq!(found.len(), 1, "{}: {found:?}", case.name);
+                    assert!(found[0].fix.contains(fix), "{}: {:?} lacks {fix}", case.name, found[0].fix);
+                    assert!(found[0].problem.contains(&case.runtime.to_string()), "{}", case.name);
+                }
+                None => assert!(found.is_empty(), "{}: {found:?}", case.name),
+            }
+        }
+    }
+
+    #[test]
+    fn driver_version_and_device_order_are_read_from_the_root() {
+        let (_root, probe) = build(&CASES[7]);
+        assert_eq!(driver_version(&probe).as_deref(), Some("580.82.07"));
+        assert_eq!(gpu_devices(&probe), ["nvidia0", "nvidia1", "nvidia2", "nvidia3"]);
+        assert_eq!(detect_image(&probe).as_deref(), Some("/scratch/rtrain.sif"));
+        // nvidia10 sorts after nvidia2 (numeric, not lexical), and control nodes are not GPUs.
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("dev")).unwrap();
+        for name in ["nvidia10", "nvidia2", "nvidiactl", "nvidia-caps", "nvme0"] {
+            std::fs::write(root.path().join("dev").join(name), "").unwrap();
+        }
+        assert_eq!(gpu_devices(&Probe::simulated(root.path(), &[])), ["nvidia2", "nvidia10"]);
+    }
+
+    #[test]
+    fn gpus_without_a_cuda_build_or_driver_library_name_the_fix() {
+        let (_root, probe) = build(&CASES[2]);
+        let cpu_build = findings(&quiet_facts(&probe, false, false));
+        assert_eq!(cpu_build.len(), 1);
+        assert!(cpu_build[0].fix.contains("--features cuda"), "{cpu_build:?}");
+        let no_libcuda = findings(&quiet_facts(&probe, true, false));
+        assert_eq!(no_libcuda.len(), 1);
+        assert!(no_libcuda[0].problem.contains("driver 580.82.07"), "{no_libcuda:?}");
+        assert!(no_libcuda[0].fix.contains("--gpus all"), "{no_libcuda:?}");
+    }
+
+    #[test]
+    fn mpi_threads_directories_and_shm_problems() {
+        let (_root, probe) = build(&CASES[3]); // docker, no GPU
+        let mut facts = quiet_facts(&probe, false, false);
+        facts.mpi.error = Some("launched by OpenMPI (mpirun) as rank 1 of 2".into());
+        facts.mpi.built_in = false;
+        facts.threads = Threads { cores: 8, configured: 6, local_ranks: 2 };
+        facts.directories = vec![
+            Directory { role: "data", path: "/nope".into(), exists: false, available_bytes: Some(1 << 40) },
+            Directory { role: "run", path: "runs".into(), exists: true, available_bytes: Some(300 << 20) },
+            Directory { role: "shm", path: "/dev/shm".into(), exists: true, available_bytes: Some(64 << 20) },
+        ];
+        let found = findings(&facts);
+        let fixes: Vec<&str> = found.iter().map(|f| f.fix.as_str()).collect();
+        assert_eq!(found.len(), 5, "{found:#?}");
+        assert!(fixes[0].contains("built without MPI"));
+        assert!(fixes[1].contains("at most 4"), "{}", fixes[1]);
+        assert!(found[2].problem.contains("/nope") && fixes[2].contains("rtrain data synth /nope"));
+        assert!(found[3].problem.contains("0.3 GiB") && found[3].problem.contains("runs"));
+        assert!(found[4].problem.contains("64 MiB") && fixes[4].contains("--shm-size"));
+
+        // The same numbers are fine where they should be: default data is generated on first use,
+        // a bare host's /dev/shm is not limited by a container, enough threads for both ranks.
+        facts.mpi.error = None;
+        facts.threads.configured = 4;
+        facts.data_is_default = true;
+        facts.directories[1].available_bytes = Some(MIN_RUN_DIR_FREE);
+        facts.runtime = Runtime::None;
+        assert_eq!(findings(&facts), []);
+    }
+
+    #[test]
+    fn more_ranks_than_gpus_on_a_node_says_how_many_to_start() {
+        let (_root, probe) = build(&CASES[2]); // docker with 2 GPUs
+        let mut facts = quiet_facts(&probe, true, true);
+        let mut job = Topology::single();
+        (job.rank, job.world_size, job.local_rank, job.local_world_size) = (2, 4, 2, 4);
+        let error = crate::dist::device_for(&job, facts.cuda.devices).unwrap_err();
+        facts.mpi.device_error = Some(error.to_string());
+        let found = findings(&facts);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].problem.contains("rank 2"), "{found:?}");
+        assert!(found[0].fix.contains("at most 2 ranks per node"), "{found:?}");
+    }
+
+    #[test]
+    fn free_space_is_measured_at_the_nearest_existing_ancestor() {
+        let dir = tempfile::tempdir().unwrap();
+        let existing = available_bytes(dir.path()).unwrap();
+        let future = available_bytes(&dir.path().join("not/yet/made")).unwrap();
+        assert!(existing > 0);
+        // Same filesystem; allow for other writers between the two calls.
+        assert!(existing.abs_diff(future) < 64 << 20, "{existing} vs {future}");
+    }
+}
