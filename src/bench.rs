@@ -4,6 +4,11 @@
 //! input, exactly what bench/step_reference.py times in PyTorch eager (also in bf16 autocast
 //! and channels-last), so the ratio of the two isolates the framework from data loading.
 //!
+//! `bench loader` times the input pipeline alone: decoding, RandomResizedCrop + flip to the
+//! training size and normalisation into batch tensors, from shards or an image tree, with the
+//! same worker threads training uses — what bench/loader_reference.py times for torchvision's
+//! `ImageFolder` + `DataLoader`.
+//!
 //! `bench allreduce` (under mpirun) times the gradient all-reduce alone: a model's gradients in
 //! the buckets training would use, summed over all ranks, per bucket size. It reports
 //! algorithm bandwidth (bytes / time) and bus bandwidth (x 2(p-1)/p, the NCCL-tests convention:
@@ -24,6 +29,10 @@ use crate::precision::{Compute, ShimError};
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error(transparent)]
+    Shards(#[from] crate::data::shards::ShardError),
+    #[error(transparent)]
+    Data(#[from] crate::data::folder::DataError),
+    #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]
     Optim(#[from] OptimError),
@@ -31,6 +40,91 @@ pub enum BenchError {
     Torch(#[from] tch::TchError),
     #[error(transparent)]
     Shim(#[from] ShimError),
+}
+
+#[derive(Debug, Clone)]
+pub struct LoaderBench {
+    /// A shard directory or an image tree (as `data.root`).
+    pub root: std::path::PathBuf,
+    pub split: String,
+    pub image_size: u32,
+    pub batch_size: usize,
+    pub workers: usize,
+    pub prefetch: usize,
+    /// Batches timed after the first (which includes starting the workers).
+    pub batches: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LoaderBenchResult {
+    pub framework: &'static str,
+    /// "shards" or "image tree".
+    pub source: &'static str,
+    pub workers: usize,
+    pub image_size: u32,
+    pub images: usize,
+    pub seconds: f64,
+    pub images_per_second: f64,
+    /// Per decoding thread (the iterating thread when `workers` is 0).
+    pub images_per_second_per_core: f64,
+    /// Peak resident memory of the whole process (libtorch included).
+    pub peak_rss_mib: Option<f64>,
+    /// Anonymous resident memory at the end: the loader's buffers, not the page cache of
+    /// memory-mapped shards.
+    pub rss_anon_mib: Option<f64>,
+}
+
+/// Times `options.batches` training batches (after one warm-up batch) over a seeded
+/// permutation of the split, cycling through it if the split is shorter.
+pub fn bench_loader(options: &LoaderBench) -> Result<LoaderBenchResult, BenchError> {
+    use crate::data::{dataset, loader, transforms};
+    // The loader's threads do the work; libtorch only allocates the batch tensors.
+    tch::set_num_threads(1);
+    let data = dataset::open_split(&options.root, &options.split)?;
+    let source =
+        if options.root.join(crate::data::shards::MANIFEST).is_file() { "shards" } else { "image tree" };
+    let wanted = (options.batches + 1) * options.batch_size;
+    let permutation = crate::sampler::epoch_permutation(data.len(), 0, 0);
+    let order: Vec<usize> = permutation.iter().copied().cycle().take(wanted).collect();
+    let transform =
+        transforms::Transform::Train { size: options.image_size, augment: transforms::Augment::default() };
+    let loader_options = loader::LoaderOptions {
+        batch_size: options.batch_size,
+        workers: options.workers,
+        prefetch: options.prefetch,
+        drop_last: true,
+        skip_bad_samples: false,
+    };
+    let mut batches = loader::Loader::new(data, order, transform, 0, 0, 0, loader_options);
+    if let Some(first) = batches.next() {
+        first?;
+    }
+    let started = Instant::now();
+    let mut images = 0;
+    for batch in batches {
+        images += batch?.indices.len();
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let images_per_second = images as f64 / seconds.max(1e-9);
+    Ok(LoaderBenchResult {
+        framework: "rtrain",
+        source,
+        workers: options.workers,
+        image_size: options.image_size,
+        images,
+        seconds,
+        images_per_second,
+        images_per_second_per_core: images_per_second / options.workers.max(1) as f64,
+        peak_rss_mib: crate::train::peak_rss_mib(),
+        rss_anon_mib: proc_status_mib("RssAnon:"),
+    })
+}
+
+/// A memory line of /proc/self/status, in MiB.
+fn proc_status_mib(key: &str) -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: f64 = status.lines().find(|l| l.starts_with(key))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
 }
 
 #[derive(Debug, Clone)]

@@ -66,6 +66,9 @@ pub struct EpochTotals {
     pub correct: u64,
     pub samples: u64,
     pub seconds: f64,
+    /// Undecodable samples left out (`data.on_bad_sample = "skip"`).
+    #[serde(default)]
+    pub skipped: u64,
 }
 
 impl CheckpointMeta {
@@ -194,7 +197,7 @@ mod tests {
             config_hash: "abc".into(),
             val_top1: Some(0.5),
             best_val_top1: Some(0.6),
-            epoch_totals: EpochTotals { loss_sum: 1.5, correct: 3, samples: 8, seconds: 0.25 },
+            epoch_totals: EpochTotals { loss_sum: 1.5, correct: 3, samples: 8, seconds: 0.25, skipped: 1 },
             rtrain_version: "0.1.0".into(),
         }
     }

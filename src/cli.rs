@@ -13,8 +13,7 @@ use tch::{Device, Kind, Tensor};
 use crate::bench::{self, StepBench};
 use crate::checkpoint;
 use crate::config::{Config, LoadedConfig, DEFAULT_DATA_ROOT};
-use crate::data::folder::ImageFolder;
-use crate::data::{idx, synth, transforms};
+use crate::data::{dataset, extract, fetch, idx, shards, synth, transforms};
 use crate::dist::{self, AllreduceAlgorithm, Communicator};
 use crate::doctor;
 use crate::eval;
@@ -214,6 +213,56 @@ pub enum DataCommand {
         #[arg(long)]
         numeric_classes: bool,
     },
+    /// Convert an image tree (SRC/<split>/<class>/*) into WebDataset tar shards + manifest.json.
+    Prepare {
+        src: PathBuf,
+        out: PathBuf,
+        /// The splits to convert (subdirectories of SRC).
+        #[arg(long, value_delimiter = ',', default_value = "train,val")]
+        splits: Vec<String>,
+        /// Close a shard before it grows past this many MiB.
+        #[arg(long, default_value_t = 256)]
+        shard_mb: u64,
+        /// Re-encode images as JPEG with this short side (never enlarging); unset: store as is.
+        #[arg(long)]
+        resize: Option<u32>,
+        /// JPEG quality when re-encoding.
+        #[arg(long, default_value_t = 90)]
+        quality: u8,
+        /// Seeds the order of samples across shards.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+    /// Re-hash a shard directory against its manifest.json; names every bad shard.
+    Verify { dir: PathBuf },
+    /// Copy a shard directory to DEST (e.g. node-local disk), skipping shards already there
+    /// with the right hash, verifying each copy.
+    Stage { src: PathBuf, dest: PathBuf },
+    /// Download URL to OUT, resuming and retrying, and check its sha256 before it appears.
+    Fetch {
+        url: String,
+        out: PathBuf,
+        /// The expected sha256 (hex) of the file.
+        #[arg(long)]
+        sha256: String,
+        /// Allow plain http to hosts other than loopback (no transport security).
+        #[arg(long)]
+        allow_http: bool,
+        /// Retries of transient failures (connection errors, 5xx, truncated bodies).
+        #[arg(long, default_value_t = 5)]
+        retries: u32,
+    },
+    /// Extract a tar or tar.gz archive into DEST, refusing entries that would escape it.
+    Extract {
+        archive: PathBuf,
+        dest: PathBuf,
+        /// Refuse archives that unpack to more than this many GiB.
+        #[arg(long, default_value_t = 64)]
+        max_gib: u64,
+        /// Refuse archives with more entries than this.
+        #[arg(long, default_value_t = 10_000_000)]
+        max_entries: u64,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -244,6 +293,28 @@ pub enum BenchCommand {
         /// Channels-last (NHWC) input and convolution weights.
         #[arg(long)]
         channels_last: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Time the input pipeline (decode + RandomResizedCrop + flip + normalise into batches).
+    Loader {
+        /// A shard directory (rtrain data prepare) or an image tree.
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long, default_value = "train")]
+        split: String,
+        #[arg(long, default_value_t = 224)]
+        image_size: u32,
+        #[arg(long, default_value_t = 32)]
+        batch_size: usize,
+        /// Decoding threads (0: on the iterating thread).
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+        #[arg(long, default_value_t = 2)]
+        prefetch: usize,
+        /// Batches timed (after one warm-up batch).
+        #[arg(long, default_value_t = 20)]
+        batches: usize,
         #[arg(long)]
         json: bool,
     },
@@ -316,6 +387,36 @@ pub fn run(cli: Cli) -> Result<()> {
         }) => {
             let options = AllreduceOptions { warmup, iterations, link_gbit, algorithm, blocking, json };
             cmd_bench_allreduce(&arch, &bucket_mb, &options)
+        }
+        Command::Bench(BenchCommand::Loader {
+            data,
+            split,
+            image_size,
+            batch_size,
+            workers,
+            prefetch,
+            batches,
+            json,
+        }) => {
+            let options =
+                bench::LoaderBench { root: data, split, image_size, batch_size, workers, prefetch, batches };
+            let result = bench::bench_loader(&options)?;
+            if json {
+                println!("{}", serde_json::to_string(&result)?);
+            } else {
+                println!(
+                    "{} from {}: {:.1} img/s at {}x{} with {} worker(s) ({:.1} per core), peak RSS {:.0} MiB",
+                    options.root.display(),
+                    result.source,
+                    result.images_per_second,
+                    image_size,
+                    image_size,
+                    workers,
+                    result.images_per_second_per_core,
+                    result.peak_rss_mib.unwrap_or(f64::NAN)
+                );
+            }
+            Ok(())
         }
         Command::Bench(BenchCommand::Step {
             arch,
@@ -477,6 +578,8 @@ fn run_in_job(
 
 fn train_in_job(args: TrainArgs, config: &Config, comm: Arc<dyn Communicator>) -> Result<()> {
     ensure_default_data(config, comm.as_ref())?;
+    let staged = stage_data(config, comm.as_ref())?;
+    let config = &staged;
     let run_dir = args.run_dir.unwrap_or_else(|| default_run_dir(config));
     // Rank 0's name: a time-stamped default could differ between ranks by a second.
     let run_dir = PathBuf::from(dist::broadcast_string(comm.as_ref(), &run_dir.to_string_lossy(), 0));
@@ -490,6 +593,13 @@ fn train_in_job(args: TrainArgs, config: &Config, comm: Arc<dyn Communicator>) -
         bail!(
             "run directory {} already has checkpoints: pass --resume auto to continue it, or choose another --run-dir",
             run_dir.display()
+        );
+    }
+    if run_dir.join(shards::MANIFEST).is_file() && shards::ShardManifest::read(&run_dir).is_ok() {
+        bail!(
+            "run directory {} holds a shard set (its {} would be overwritten): choose another --run-dir",
+            run_dir.display(),
+            shards::MANIFEST
         );
     }
     let is_root = comm.topology().is_root();
@@ -551,6 +661,61 @@ fn cmd_reproduce(args: ReproduceArgs) -> Result<()> {
     })
 }
 
+/// With `data.stage_dir`, the first rank of each node copies the shard set at `data.root` to
+/// `stage_dir/<name of root>` (skipping shards already there with the right hash, verifying each
+/// copy) while the node's other ranks wait; training then reads the copy. The outcome is summed
+/// over all ranks, so a failed copy on any node fails every rank (naming the node and file on
+/// the rank that failed) instead of leaving them waiting.
+fn stage_data(config: &Config, comm: &dyn Communicator) -> Result<Config> {
+    let Some(stage_dir) = &config.data.stage_dir else { return Ok(config.clone()) };
+    let root = &config.data.root;
+    if !root.join(shards::MANIFEST).is_file() {
+        bail!(
+            "data.stage_dir is set, but data.root {} is not a shard directory (no {}); make one with `rtrain data prepare`",
+            root.display(),
+            shards::MANIFEST
+        );
+    }
+    let name = std::fs::canonicalize(root).ok().and_then(|p| p.file_name().map(|n| n.to_owned()));
+    let dest = stage_dir.join(name.unwrap_or_else(|| "data".into()));
+    let topology = comm.topology();
+    let mut outcome = Ok(());
+    if topology.local_rank == 0 {
+        let started = std::time::Instant::now();
+        outcome = match shards::stage(root, &dest) {
+            Ok(report) => {
+                tracing::info!(
+                    "staged {} to {} on {}: {} shard(s) copied ({:.1} MiB), {} already there, {:.1}s",
+                    root.display(),
+                    dest.display(),
+                    topology.host,
+                    report.copied,
+                    report.bytes_copied as f64 / f64::from(1u32 << 20),
+                    report.skipped,
+                    started.elapsed().as_secs_f64()
+                );
+                Ok(())
+            }
+            Err(error) => {
+                Err(anyhow::anyhow!("staging data on node {} ({}): {error}", topology.node, topology.host))
+            }
+        };
+    }
+    let mut failed = [f64::from(u8::from(outcome.is_err()))];
+    comm.all_reduce_sum_f64(&mut failed);
+    outcome?;
+    if failed[0] > 0.0 {
+        bail!(
+            "staging data to {} failed on {} node(s); their ranks name the file",
+            dest.display(),
+            failed[0]
+        );
+    }
+    let mut staged = config.clone();
+    staged.data.root = dest;
+    Ok(staged)
+}
+
 /// The built-in default data is generated on first use, but only at its default path: a
 /// mistyped path of the user's must be an error, not a silent synthetic run. In a job, rank 0
 /// generates it first; then the first rank of any node that still lacks it (no shared file
@@ -610,19 +775,18 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
     let (model, meta) = load_checkpoint_model(&args.checkpoint)?;
     let (compute, _) = train::compute_for(&config, Device::Cpu);
     train::prepare_model(&model, &compute)?;
-    let dir = config.data.root.join(&config.data.val_split);
-    let dataset = ImageFolder::open(&dir)?;
-    if dataset.classes != meta.classes {
+    let dataset = dataset::open_split(&config.data.root, &config.data.val_split)?;
+    if dataset.classes() != meta.classes {
         bail!(
             "{}: classes {:?} differ from the checkpoint's {:?}",
-            dir.display(),
-            dataset.classes,
+            dataset.root().display(),
+            dataset.classes(),
             meta.classes
         );
     }
     let report = eval::evaluate(
         &model,
-        Arc::new(dataset),
+        dataset,
         train::eval_transform(&config),
         train::loader_options(&config, config.eval_batch_size()),
         &compute,
@@ -782,6 +946,69 @@ fn cmd_data(command: DataCommand) -> Result<()> {
                 if numeric_classes { None } else { Some(&idx::FASHION_MNIST_CLASSES) };
             let written = idx::import(&images, &labels, &out, &split, limit, names)?;
             println!("{}: {written} images", out.join(&split).display());
+        }
+        DataCommand::Prepare { src, out, splits, shard_mb, resize, quality, seed } => {
+            let options =
+                shards::PrepareOptions { splits, shard_bytes: shard_mb << 20, resize, quality, seed };
+            let manifest = shards::prepare(&src, &out, &options)?;
+            for (split, info) in &manifest.splits {
+                let bytes: u64 = info.shards.iter().map(|s| s.bytes).sum();
+                println!(
+                    "{}: {split}: {} samples in {} shard(s), {:.1} MiB",
+                    out.display(),
+                    info.samples,
+                    info.shards.len(),
+                    bytes as f64 / f64::from(1u32 << 20)
+                );
+            }
+        }
+        DataCommand::Verify { dir } => {
+            let report = shards::verify(&dir)?;
+            for (name, problem) in &report.bad {
+                println!("{}: BAD {name}: {problem}", dir.display());
+            }
+            if !report.bad.is_empty() {
+                bail!(
+                    "{}: {} of {} shard(s) do not match {}",
+                    dir.display(),
+                    report.bad.len(),
+                    report.shards,
+                    shards::MANIFEST
+                );
+            }
+            println!("{}: {} shard(s), {} bytes: ok", dir.display(), report.shards, report.bytes);
+        }
+        DataCommand::Stage { src, dest } => {
+            let report = shards::stage(&src, &dest)?;
+            println!(
+                "{}: {} shard(s) copied ({} bytes), {} already present",
+                dest.display(),
+                report.copied,
+                report.bytes_copied,
+                report.skipped
+            );
+        }
+        DataCommand::Fetch { url, out, sha256, allow_http, retries } => {
+            let options = fetch::FetchOptions {
+                sha256,
+                allow_http,
+                retries,
+                progress: true,
+                ..fetch::FetchOptions::default()
+            };
+            let fetched = fetch::fetch(&url, &out, &options)?;
+            println!(
+                "{}: {} bytes, sha256 ok ({} attempt(s), resumed from byte {})",
+                fetched.path.display(),
+                fetched.bytes,
+                fetched.attempts,
+                fetched.resumed_from
+            );
+        }
+        DataCommand::Extract { archive, dest, max_gib, max_entries } => {
+            let limits = extract::ExtractLimits { max_bytes: max_gib << 30, max_entries };
+            let extracted = extract::extract(&archive, &dest, &limits)?;
+            println!("{}: {} files, {} bytes", dest.display(), extracted.files, extracted.bytes);
         }
     }
     Ok(())

@@ -69,11 +69,26 @@ pub struct RunConfig {
     pub deterministic: bool,
 }
 
+/// `data.on_bad_sample`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BadSample {
+    Fail,
+    Skip,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DataConfig {
-    /// Class-per-folder image tree with `train_split` and `val_split` subdirectories.
+    /// Class-per-folder image tree with `train_split` and `val_split` subdirectories, or a
+    /// shard directory from `rtrain data prepare` (it has a manifest.json).
     pub root: PathBuf,
+    /// Node-local directory (e.g. /tmp/rtrain) to copy shards to before training: local rank 0
+    /// of each node copies what is missing and verifies it, the other ranks wait. Unset: read
+    /// `root` in place.
+    pub stage_dir: Option<PathBuf>,
+    /// An image that cannot be decoded fails the run naming it, or is skipped and counted.
+    pub on_bad_sample: BadSample,
     pub train_split: String,
     pub val_split: String,
     /// Side of the square crop the network sees.
@@ -228,6 +243,8 @@ impl Default for DataConfig {
     fn default() -> Self {
         DataConfig {
             root: PathBuf::from(DEFAULT_DATA_ROOT),
+            stage_dir: None,
+            on_bad_sample: BadSample::Fail,
             train_split: "train".into(),
             val_split: "val".into(),
             image_size: 64,

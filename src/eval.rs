@@ -8,7 +8,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Reduction, Tensor};
 
-use crate::data::folder::{DataError, ImageFolder};
+use crate::data::dataset::Dataset;
+use crate::data::folder::DataError;
 use crate::data::loader::{Loader, LoaderOptions};
 use crate::data::transforms::Transform;
 use crate::dist::Communicator;
@@ -99,7 +100,7 @@ impl Confusion {
 
 pub fn evaluate(
     model: &Model,
-    dataset: Arc<ImageFolder>,
+    dataset: Arc<dyn Dataset>,
     transform: Transform,
     options: LoaderOptions,
     compute: &Compute,

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::config::Config;
-use crate::data::folder::ImageFolder;
+use crate::data::dataset::Dataset;
 use crate::doctor;
 use crate::tensor_io::{self, TensorIoError};
 
@@ -141,12 +141,12 @@ pub struct DataSplit {
 impl DataSplit {
     /// Hashes every file of a split (about 0.5 GB/s per core: a few seconds for tens of
     /// thousands of photos).
-    pub fn hash(split: &str, data: &ImageFolder) -> Result<DataSplit, TensorIoError> {
+    pub fn hash(split: &str, data: &dyn Dataset) -> Result<DataSplit, TensorIoError> {
         let mut files = BTreeMap::new();
         let mut all = Sha256::new();
-        for (path, _) in &data.samples {
-            let relative = path.strip_prefix(&data.root).unwrap_or(path).to_string_lossy().into_owned();
-            let digest = tensor_io::sha256_file(path)?;
+        for path in data.files() {
+            let relative = path.strip_prefix(data.root()).unwrap_or(&path).to_string_lossy().into_owned();
+            let digest = tensor_io::sha256_file(&path)?;
             all.update(relative.as_bytes());
             all.update([0]);
             all.update(digest.as_bytes());
@@ -155,9 +155,9 @@ impl DataSplit {
         Ok(DataSplit {
             split: split.to_string(),
             // Absolute, so that `rtrain verify` works from any directory.
-            root: std::fs::canonicalize(&data.root).unwrap_or_else(|_| data.root.clone()),
-            classes: data.classes.clone(),
-            images: data.samples.len(),
+            root: std::fs::canonicalize(data.root()).unwrap_or_else(|_| data.root().to_path_buf()),
+            classes: data.classes().to_vec(),
+            images: data.len(),
             sha256: hex::encode(all.finalize()),
             files,
         })
@@ -271,6 +271,7 @@ pub fn verify(run_dir: &Path) -> Result<Vec<Finding>, ManifestError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::folder::ImageFolder;
 
     #[test]
     fn data_hash_names_files_and_changes_with_content() {

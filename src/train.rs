@@ -22,9 +22,11 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
 use crate::checkpoint::{self, CheckpointError, CheckpointMeta, EpochTotals};
-use crate::config::Config;
-use crate::data::folder::{DataError, ImageFolder};
+use crate::config::{BadSample, Config};
+use crate::data::dataset::{self, Dataset};
+use crate::data::folder::DataError;
 use crate::data::loader::{Loader, LoaderOptions};
+use crate::data::shards::ShardError;
 use crate::data::transforms::{Augment, Transform};
 use crate::dist::grad_sync::{GradSync, GradSyncError, SyncOptions};
 use crate::dist::{self, Communicator, DistError};
@@ -41,6 +43,10 @@ use crate::tensor_io::{self, TensorIoError};
 pub enum TrainError {
     #[error(transparent)]
     Data(#[from] DataError),
+    #[error(transparent)]
+    Shards(#[from] ShardError),
+    #[error("every sample of batch {step} from {} was undecodable and skipped", dir.display())]
+    EmptyBatch { step: u64, dir: PathBuf },
     #[error(transparent)]
     Eval(#[from] crate::eval::EvalError),
     #[error(transparent)]
@@ -120,6 +126,8 @@ struct EpochRecord<'a> {
     train_images_per_second: f64,
     lr: f64,
     seconds: f64,
+    /// Undecodable training samples skipped this epoch (all ranks).
+    skipped_samples: u64,
     val: &'a EvalReport,
 }
 
@@ -141,6 +149,7 @@ pub fn loader_options(config: &Config, batch_size: usize) -> LoaderOptions {
         workers: config.data.workers,
         prefetch: config.data.prefetch.max(1),
         drop_last: config.data.drop_last,
+        skip_bad_samples: config.data.on_bad_sample == BadSample::Skip,
     }
 }
 
@@ -180,27 +189,28 @@ pub fn set_threads(configured: usize, local_ranks: usize) -> i32 {
 }
 
 /// Opens the training and validation splits and checks that they agree on the classes.
-pub fn open_splits(config: &Config) -> Result<(Arc<ImageFolder>, Arc<ImageFolder>), TrainError> {
-    let train_dir = config.data.root.join(&config.data.train_split);
-    let val_dir = config.data.root.join(&config.data.val_split);
-    let train = ImageFolder::open(&train_dir)?;
-    let val = ImageFolder::open(&val_dir)?;
-    if train.classes != val.classes {
+/// The training and validation splits.
+pub type Splits = (Arc<dyn Dataset>, Arc<dyn Dataset>);
+
+pub fn open_splits(config: &Config) -> Result<Splits, TrainError> {
+    let train = dataset::open_split(&config.data.root, &config.data.train_split)?;
+    let val = dataset::open_split(&config.data.root, &config.data.val_split)?;
+    if train.classes() != val.classes() {
         return Err(TrainError::ClassMismatch {
-            train: train_dir,
-            val: val_dir,
-            train_classes: train.classes,
-            val_classes: val.classes,
+            train: train.root().to_path_buf(),
+            val: val.root().to_path_buf(),
+            train_classes: train.classes().to_vec(),
+            val_classes: val.classes().to_vec(),
         });
     }
     if train.len() < config.data.batch_size && config.data.drop_last {
         return Err(TrainError::TooFewImages {
-            dir: train_dir,
+            dir: train.root().to_path_buf(),
             images: train.len(),
             batch: config.data.batch_size,
         });
     }
-    Ok((Arc::new(train), Arc::new(val)))
+    Ok((train, val))
 }
 
 /// Copies checkpointed tensors into the model, which must have every one of them.
@@ -258,7 +268,7 @@ pub fn train(
     precision::set_deterministic(config.run.deterministic)?;
     let threads = set_threads(config.train.threads, topology.local_world_size);
     let (train_set, val_set) = open_splits(config)?;
-    let classes = train_set.classes.clone();
+    let classes = train_set.classes().to_vec();
     let num_classes = match config.model.num_classes {
         0 => classes.len(),
         n if n == classes.len() => n,
@@ -266,7 +276,7 @@ pub fn train(
             return Err(TrainError::ClassCount {
                 configured: n,
                 found: classes.len(),
-                dir: train_set.root.clone(),
+                dir: train_set.root().to_path_buf(),
             })
         }
     };
@@ -303,7 +313,7 @@ pub fn train(
     } as u64;
     if batches_per_epoch == 0 {
         return Err(TrainError::TooFewForRanks {
-            dir: train_set.root.clone(),
+            dir: train_set.root().to_path_buf(),
             images: train_set.len(),
             rank: topology.rank,
             world: topology.world_size,
@@ -367,12 +377,12 @@ pub fn train(
     if topology.is_root() {
         let hashing = Instant::now();
         let data = vec![
-            DataSplit::hash(&config.data.train_split, &train_set)?,
-            DataSplit::hash(&config.data.val_split, &val_set)?,
+            DataSplit::hash(&config.data.train_split, train_set.as_ref())?,
+            DataSplit::hash(&config.data.val_split, val_set.as_ref())?,
         ];
         tracing::info!(
             "hashed {} data files in {:.1}s",
-            train_set.len() + val_set.len(),
+            data.iter().map(|split| split.files.len()).sum::<usize>(),
             hashing.elapsed().as_secs_f64()
         );
         let job = manifest::Job {
@@ -605,7 +615,7 @@ impl Run<'_> {
 
     fn train_epoch(
         &mut self,
-        dataset: &Arc<ImageFolder>,
+        dataset: &Arc<dyn Dataset>,
         epoch: u32,
         start_batch: usize,
         steps_per_epoch: u64,
@@ -634,6 +644,18 @@ impl Run<'_> {
         let mut mark = Instant::now();
         for (step_in_epoch, batch) in (start_batch as u64 + 1..=steps_per_epoch).zip(loader) {
             let batch = batch?;
+            for bad in &batch.skipped {
+                tracing::warn!("skipped an undecodable sample (data.on_bad_sample = skip): {bad}");
+            }
+            totals.skipped += batch.skipped.len() as u64;
+            if batch.indices.is_empty() {
+                // Every rank must take every step (the gradient all-reduce), so an empty batch
+                // cannot simply be passed over.
+                return Err(TrainError::EmptyBatch {
+                    step: step_in_epoch,
+                    dir: dataset.root().to_path_buf(),
+                });
+            }
             let global_step = self.optimizer.steps();
             let lr = self.schedule.lr(global_step);
             let (loss, correct) = self.step(&batch.images, &batch.labels, lr)?;
@@ -736,8 +758,12 @@ impl Run<'_> {
             train_images_per_second: totals.samples as f64 / totals.seconds.max(1e-9),
             lr: self.schedule.lr(self.optimizer.steps().saturating_sub(1)),
             seconds: totals.seconds,
+            skipped_samples: totals.skipped,
             val: report,
         };
+        if totals.skipped > 0 {
+            tracing::warn!("epoch {}: skipped {} undecodable training samples", epoch + 1, totals.skipped);
+        }
         if let Some(metrics) = &mut self.metrics {
             metrics.append(&record)?;
         }
@@ -796,13 +822,15 @@ impl Run<'_> {
         if world == 1 {
             return *local;
         }
-        let mut sums = [local.loss_sum, local.correct as f64, local.samples as f64, local.seconds];
+        let mut sums =
+            [local.loss_sum, local.correct as f64, local.samples as f64, local.seconds, local.skipped as f64];
         self.comm.all_reduce_sum_f64(&mut sums);
         EpochTotals {
             loss_sum: sums[0],
             correct: sums[1] as u64,
             samples: sums[2] as u64,
             seconds: sums[3] / world as f64,
+            skipped: sums[4] as u64,
         }
     }
 

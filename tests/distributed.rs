@@ -14,15 +14,7 @@ use tch::Tensor;
 /// `mpirun` set up for this machine: root allowed, no core binding (2 ranks share 2 cores),
 /// shared memory without the ptrace-based single copy that containers forbid.
 fn mpirun(dir: &Path) -> Command {
-    let mut command = Command::new("mpirun");
-    command
-        .current_dir(dir)
-        .env_remove("RUST_LOG")
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .args(["--oversubscribe", "--bind-to", "none"])
-        .args(["--mca", "btl", "self,vader", "--mca", "btl_vader_single_copy_mechanism", "none"]);
-    command
+    common::mpirun(dir)
 }
 
 fn rtrain_bin() -> &'static str {

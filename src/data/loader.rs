@@ -15,7 +15,8 @@ use std::thread::JoinHandle;
 
 use tch::{Device, Kind, Tensor};
 
-use super::folder::{DataError, ImageFolder};
+use super::dataset::Dataset;
+use super::folder::DataError;
 use super::transforms::{apply, sample_rng, Transform};
 
 /// One batch of transformed images.
@@ -27,6 +28,9 @@ pub struct Batch {
     pub labels: Tensor,
     /// The dataset indices the batch was built from, in batch order.
     pub indices: Vec<usize>,
+    /// Samples left out because they could not be decoded (`skip_bad_samples`): where each is
+    /// and why.
+    pub skipped: Vec<String>,
 }
 
 /// How batches are formed and how much work runs ahead.
@@ -41,16 +45,20 @@ pub struct LoaderOptions {
     pub prefetch: usize,
     /// Whether to drop a final batch smaller than `batch_size`.
     pub drop_last: bool,
+    /// Leave out samples that cannot be decoded (the batch is smaller, and says which) instead
+    /// of failing with the sample named (`data.on_bad_sample`).
+    pub skip_bad_samples: bool,
 }
 
 /// Everything a worker needs to build any batch of the epoch; shared read-only.
 struct Job {
-    dataset: Arc<ImageFolder>,
+    dataset: Arc<dyn Dataset>,
     order: Vec<usize>,
     transform: Transform,
     seed: u64,
     epoch: u64,
     batch_size: usize,
+    skip_bad_samples: bool,
 }
 
 impl Job {
@@ -62,7 +70,7 @@ impl Job {
         let per_image = self.transform.output_len();
         let size = i64::from(self.transform.size());
         let len = per_image * indices.len();
-        let tensor_err = |source| DataError::Tensor { root: self.dataset.root.clone(), source };
+        let tensor_err = |source| DataError::Tensor { root: self.dataset.root().to_path_buf(), source };
         // The images are written straight into the tensor's memory. `Tensor::from_slice` would
         // cost a zero-fill (an OpenMP region: each loader thread then keeps its own team of
         // spinning OpenMP threads) plus a copy — more CPU than the resampling itself at 224².
@@ -78,20 +86,32 @@ impl Job {
             unsafe { std::slice::from_raw_parts_mut(images.data_ptr().cast::<f32>(), len) }
         };
         let mut labels = Vec::with_capacity(indices.len());
-        for (i, &index) in indices.iter().enumerate() {
+        let mut kept = Vec::with_capacity(indices.len());
+        let mut skipped = Vec::new();
+        for &index in &indices {
             if cancel.load(Ordering::Relaxed) {
                 return Ok(None);
             }
-            let image = self.dataset.load(index)?;
+            let image = match self.dataset.load(index) {
+                Ok(image) => image,
+                Err(DataError::Decode { path, source }) if self.skip_bad_samples => {
+                    skipped.push(format!("{}: {source}", path.display()));
+                    continue;
+                }
+                Err(err) => return Err(err),
+            };
             // `load` has checked the index, so this lookup cannot fail.
-            let label = self.dataset.samples.get(index).map_or(0, |s| s.1);
-            labels.push(label as i64);
+            labels.push(self.dataset.label(index).unwrap_or(0) as i64);
             let mut rng = sample_rng(self.seed, self.epoch, index);
-            // `apply` writes every value, so the uninitialised memory is fully overwritten.
-            apply(&image, &self.transform, &mut rng, &mut pixels[i * per_image..(i + 1) * per_image]);
+            // Samples fill the tensor from the front; `apply` writes every value of its slot.
+            let slot = kept.len();
+            apply(&image, &self.transform, &mut rng, &mut pixels[slot * per_image..(slot + 1) * per_image]);
+            kept.push(index);
         }
+        // Skipped samples leave unwritten slots at the end: cut them off.
+        let images = if kept.len() < indices.len() { images.narrow(0, 0, kept.len() as i64) } else { images };
         let labels = Tensor::f_from_slice(&labels).map_err(tensor_err)?;
-        Ok(Some(Batch { images, labels, indices }))
+        Ok(Some(Batch { images, labels, indices: kept, skipped }))
     }
 }
 
@@ -133,7 +153,7 @@ impl Loader {
     ///
     /// Workers start immediately. A `batch_size` of 0 makes the first item an error.
     pub fn new(
-        dataset: Arc<ImageFolder>,
+        dataset: Arc<dyn Dataset>,
         order: Vec<usize>,
         transform: Transform,
         seed: u64,
@@ -142,7 +162,7 @@ impl Loader {
         options: LoaderOptions,
     ) -> Loader {
         let invalid = (options.batch_size == 0).then(|| DataError::InvalidOptions {
-            root: dataset.root.clone(),
+            root: dataset.root().to_path_buf(),
             reason: "batch_size must be at least 1".to_string(),
         });
         let batch_size = options.batch_size.max(1);
@@ -155,7 +175,8 @@ impl Loader {
             order.len().div_ceil(batch_size)
         };
         let first = start_batch.min(end);
-        let job = Arc::new(Job { dataset, order, transform, seed, epoch, batch_size });
+        let skip_bad_samples = options.skip_bad_samples;
+        let job = Arc::new(Job { dataset, order, transform, seed, epoch, batch_size, skip_bad_samples });
         let source = if invalid.is_some() || first == end {
             Source::Done
         } else if options.workers == 0 {
@@ -233,7 +254,7 @@ impl Iterator for Loader {
             Source::Workers { receivers, .. } => {
                 let worker = (k - self.first) % receivers.len();
                 receivers[worker].recv().unwrap_or_else(|_| {
-                    Err(DataError::WorkerLost { worker, root: self.job.dataset.root.clone() })
+                    Err(DataError::WorkerLost { worker, root: self.job.dataset.root().to_path_buf() })
                 })
             }
         };
@@ -302,6 +323,7 @@ fn spawn_workers(job: &Arc<Job>, first: usize, end: usize, options: &LoaderOptio
 
 #[cfg(test)]
 mod tests {
+    use super::super::folder::ImageFolder;
     use super::super::transforms::{Augment, IMAGENET_MEAN, IMAGENET_STD};
     use super::*;
     use std::path::Path;
@@ -323,7 +345,7 @@ mod tests {
     }
 
     fn options(batch_size: usize, workers: usize, drop_last: bool) -> LoaderOptions {
-        LoaderOptions { batch_size, workers, prefetch: 2, drop_last }
+        LoaderOptions { batch_size, workers, prefetch: 2, drop_last, skip_bad_samples: false }
     }
 
     /// A batch read back: (image values, labels, indices, image tensor shape).
@@ -344,7 +366,7 @@ mod tests {
     fn batches_are_identical_for_any_worker_count() {
         let dir = tempfile::tempdir().unwrap();
         make_tree(dir.path());
-        let data = Arc::new(ImageFolder::open(dir.path()).unwrap());
+        let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
         let order = vec![7, 2, 10, 0, 5, 3, 9, 1, 8, 4, 6];
         let t = Transform::Train { size: 12, augment: Augment::default() };
         let run = |workers| {
@@ -387,8 +409,8 @@ mod tests {
     fn labels_match_folder_classes() {
         let dir = tempfile::tempdir().unwrap();
         make_tree(dir.path());
-        let data = Arc::new(ImageFolder::open(dir.path()).unwrap());
-        assert_eq!(data.classes, vec!["ants", "bees"]);
+        let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
+        assert_eq!(data.classes(), ["ants", "bees"]);
         let order: Vec<usize> = (0..data.len()).rev().collect();
         let t = Transform::Eval { size: 8, resize: 10 };
         let batches = collect(Loader::new(Arc::clone(&data), order, t, 0, 0, 0, options(3, 2, false)));
@@ -397,8 +419,8 @@ mod tests {
             for (&label, &index) in labels.iter().zip(indices) {
                 let want = usize::from(index >= 5);
                 assert_eq!(label as usize, want, "index {index}");
-                let class = &data.classes[label as usize];
-                assert!(data.samples[index].0.starts_with(dir.path().join(class)));
+                let class = &data.classes()[label as usize];
+                assert!(data.describe(index).starts_with(&dir.path().join(class).display().to_string()));
                 seen += 1;
             }
         }
@@ -412,7 +434,7 @@ mod tests {
         image::RgbImage::from_pixel(30, 17, image::Rgb([10, 100, 250]))
             .save(dir.path().join("a/x.png"))
             .unwrap();
-        let data = Arc::new(ImageFolder::open(dir.path()).unwrap());
+        let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
         let t = Transform::Eval { size: 8, resize: 9 };
         let batches = collect(Loader::new(data, vec![0, 0], t, 0, 0, 0, options(2, 1, false)));
         let images = &batches[0].0;
@@ -430,7 +452,7 @@ mod tests {
     fn start_batch_skips_and_drop_last_drops() {
         let dir = tempfile::tempdir().unwrap();
         make_tree(dir.path());
-        let data = Arc::new(ImageFolder::open(dir.path()).unwrap());
+        let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
         let order: Vec<usize> = (0..11).collect();
         let t = Transform::Train { size: 8, augment: Augment::default() };
         let full =
@@ -458,7 +480,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         make_tree(dir.path());
         std::fs::write(dir.path().join("ants/00.png"), b"garbage").unwrap();
-        let data = Arc::new(ImageFolder::open(dir.path()).unwrap());
+        let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
         let t = Transform::Eval { size: 8, resize: 8 };
         let order: Vec<usize> = (0..11).collect();
         for workers in [0, 2] {
@@ -481,8 +503,8 @@ mod tests {
         make_tree(dir.path());
         let bad = dir.path().join("bees/02.png");
         std::fs::write(&bad, b"\x89PNG\r\n\x1a\n truncated").unwrap();
-        let data = Arc::new(ImageFolder::open(dir.path()).unwrap());
-        let bad_index = data.samples.iter().position(|s| s.0 == bad).unwrap();
+        let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
+        let bad_index = (0..data.len()).position(|i| data.describe(i) == bad.display().to_string()).unwrap();
         let t = Transform::Eval { size: 8, resize: 8 };
         let order: Vec<usize> = (0..11).collect();
         for workers in [0, 1, 3] {
@@ -500,10 +522,57 @@ mod tests {
     }
 
     #[test]
+    fn skipping_bad_samples_leaves_them_out_and_keeps_the_others_identical() {
+        let dir = tempfile::tempdir().unwrap();
+        make_tree(dir.path());
+        let clean: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
+        let t = Transform::Train { size: 8, augment: Augment::default() };
+        let order: Vec<usize> = (0..11).rev().collect();
+        let skip = |workers| LoaderOptions { skip_bad_samples: true, ..options(4, workers, false) };
+        let expected = collect(Loader::new(Arc::clone(&clean), order.clone(), t.clone(), 5, 1, 0, skip(0)));
+
+        let bad = dir.path().join("bees/02.png");
+        std::fs::write(&bad, b"\x89PNG\r\n\x1a\n truncated").unwrap();
+        let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
+        let bad_index = (0..data.len()).position(|i| data.describe(i) == bad.display().to_string()).unwrap();
+        for workers in [0, 2] {
+            let batches: Vec<Batch> =
+                Loader::new(Arc::clone(&data), order.clone(), t.clone(), 5, 1, 0, skip(workers))
+                    .map(Result::unwrap)
+                    .collect();
+            let skipped: Vec<&String> = batches.iter().flat_map(|b| &b.skipped).collect();
+            assert_eq!(skipped.len(), 1, "workers={workers}");
+            assert!(skipped[0].contains(&*bad.to_string_lossy()), "{}", skipped[0]);
+            // Every other sample arrives, augmented exactly as without the bad file.
+            let mut got_indices: Vec<usize> = Vec::new();
+            let mut got_values = Vec::new();
+            for batch in &batches {
+                assert_eq!(batch.images.size()[0], batch.indices.len() as i64);
+                assert_eq!(batch.labels.size()[0], batch.indices.len() as i64);
+                got_indices.extend(&batch.indices);
+                got_values.extend(Vec::<f32>::try_from(batch.images.flatten(0, -1)).unwrap());
+            }
+            let per_image = 3 * 8 * 8;
+            let mut want_indices = Vec::new();
+            let mut want_values = Vec::new();
+            for (values, _, indices, _) in &expected {
+                for (i, &index) in indices.iter().enumerate() {
+                    if index != bad_index {
+                        want_indices.push(index);
+                        want_values.extend_from_slice(&values[i * per_image..(i + 1) * per_image]);
+                    }
+                }
+            }
+            assert_eq!(got_indices, want_indices, "workers={workers}");
+            assert_eq!(got_values, want_values, "workers={workers}");
+        }
+    }
+
+    #[test]
     fn dropping_early_stops_workers() {
         let dir = tempfile::tempdir().unwrap();
         make_tree(dir.path());
-        let data = Arc::new(ImageFolder::open(dir.path()).unwrap());
+        let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
         let order: Vec<usize> = (0..11).cycle().take(400).collect();
         let t = Transform::Train { size: 16, augment: Augment::default() };
         let mut loader = Loader::new(
@@ -513,7 +582,13 @@ mod tests {
             0,
             0,
             0,
-            LoaderOptions { batch_size: 2, workers: 3, prefetch: 1, drop_last: false },
+            LoaderOptions {
+                batch_size: 2,
+                workers: 3,
+                prefetch: 1,
+                drop_last: false,
+                skip_bad_samples: false,
+            },
         );
         assert!(loader.next().unwrap().is_ok());
         // Let the workers fill their channels and block on send.
@@ -527,7 +602,7 @@ mod tests {
     fn zero_batch_size_and_bad_index_are_errors() {
         let dir = tempfile::tempdir().unwrap();
         make_tree(dir.path());
-        let data = Arc::new(ImageFolder::open(dir.path()).unwrap());
+        let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
         let t = Transform::Eval { size: 8, resize: 8 };
         let mut loader = Loader::new(Arc::clone(&data), vec![0, 1], t.clone(), 0, 0, 0, options(0, 2, false));
         assert!(matches!(loader.next(), Some(Err(DataError::InvalidOptions { .. }))));

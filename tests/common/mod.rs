@@ -91,3 +91,17 @@ pub fn assert_success(output: std::process::Output, what: &str) -> std::process:
     );
     output
 }
+
+/// `mpirun` for ranks on this machine, as root if need be, with shared memory that works in a
+/// container (no single-copy) and no core binding (the tests oversubscribe 2 cores).
+pub fn mpirun(dir: &Path) -> Command {
+    let mut command = Command::new("mpirun");
+    command
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args(["--oversubscribe", "--bind-to", "none"])
+        .args(["--mca", "btl", "self,vader", "--mca", "btl_vader_single_copy_mechanism", "none"]);
+    command
+}

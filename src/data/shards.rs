@@ -1,0 +1,719 @@
+//! WebDataset shards: the form rtrain reads fast, stages to node-local disk and verifies.
+//!
+//! `rtrain data prepare SRC OUT` turns an image tree (`SRC/<split>/<class>/*.jpg|png`) into
+//! `OUT/<split>-NNNNNN.tar` shards of `<key>.jpg|png` + `<key>.cls` (the label as decimal text),
+//! the layout Python's `webdataset` reads, plus `OUT/manifest.json`: classes, samples per split
+//! and class, and each shard's size and sha256. Samples are shuffled across shards (a streaming
+//! reader's shuffle buffer then sees every class), and keys are `<split>-<index>` with the index
+//! of the sample in the source tree's order, so [`ShardSet`] can restore that order and a shard
+//! set reads exactly like the tree it came from.
+//!
+//! [`ShardSet`] indexes a split from the tar headers — (shard, offset, length) per sample — and
+//! reads samples from memory-mapped shards: random access, so an epoch's order is a seeded
+//! permutation of the whole set and each rank reads only its own samples.
+//! [`verify`] re-hashes shards against the manifest; [`stage`] copies them to another directory
+//! (a node's local disk), skipping those already there with the right hash.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{self, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use image::RgbImage;
+use memmap2::Mmap;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::atomic_dir::{self, AtomicDirError};
+use super::dataset::Dataset;
+use super::folder::{DataError, ImageFolder};
+
+/// The manifest's file name, in a shard directory.
+pub const MANIFEST: &str = "manifest.json";
+/// The manifest's `format` value.
+pub const FORMAT: &str = "webdataset";
+
+/// `OUT/manifest.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardManifest {
+    pub format: String,
+    pub version: u32,
+    /// Class names; a `.cls` value indexes this.
+    pub classes: Vec<String>,
+    /// The short side images were re-encoded to, or None when stored as they came.
+    pub resize: Option<u32>,
+    pub splits: BTreeMap<String, SplitShards>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SplitShards {
+    pub samples: usize,
+    /// Samples per class, in class order.
+    pub per_class: Vec<usize>,
+    pub shards: Vec<ShardInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    /// File name in the shard directory.
+    pub name: String,
+    pub bytes: u64,
+    pub sha256: String,
+    pub samples: usize,
+}
+
+impl ShardManifest {
+    /// Reads `dir/manifest.json`.
+    pub fn read(dir: &Path) -> Result<ShardManifest, ShardError> {
+        let path = dir.join(MANIFEST);
+        let text = fs::read(&path).map_err(|source| ShardError::Io { path: path.clone(), source })?;
+        let manifest: ShardManifest = serde_json::from_slice(&text)
+            .map_err(|source| ShardError::Manifest { path: path.clone(), source })?;
+        if manifest.format != FORMAT {
+            return Err(ShardError::NotShards { path, format: manifest.format });
+        }
+        Ok(manifest)
+    }
+
+    /// Every shard of every split, in split then shard order.
+    pub fn all_shards(&self) -> impl Iterator<Item = &ShardInfo> {
+        self.splits.values().flat_map(|split| split.shards.iter())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShardError {
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{}: not a valid shard manifest: {source}", path.display())]
+    Manifest { path: PathBuf, source: serde_json::Error },
+    #[error("{}: format {format:?} is not {FORMAT:?}", path.display())]
+    NotShards { path: PathBuf, format: String },
+    #[error("{}: the manifest has no split {split:?} (it has {available:?})", dir.display())]
+    NoSplit { dir: PathBuf, split: String, available: Vec<String> },
+    #[error("split {split:?} of {} has classes {found:?}, but earlier splits have {expected:?}", src.display())]
+    ClassMismatch { src: PathBuf, split: String, found: Vec<String>, expected: Vec<String> },
+    #[error("{}: {problem}", shard.display())]
+    BadShard { shard: PathBuf, problem: String },
+    #[error("copying {} to {}: sha256 {actual}, but the manifest says {expected}", src.display(), dest.display())]
+    CopyMismatch { src: PathBuf, dest: PathBuf, expected: String, actual: String },
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Output(#[from] AtomicDirError),
+    #[error("re-encoding {}: {source}", path.display())]
+    Encode { path: PathBuf, source: image::ImageError },
+}
+
+/// How `rtrain data prepare` writes shards.
+#[derive(Debug, Clone)]
+pub struct PrepareOptions {
+    /// The splits to convert (subdirectories of SRC), e.g. train and val.
+    pub splits: Vec<String>,
+    /// A shard is closed before it would grow past this many bytes (at least one sample each).
+    pub shard_bytes: u64,
+    /// Re-encode images as JPEG with this short side (never enlarging), so training decodes
+    /// small images; None stores the files as they are.
+    pub resize: Option<u32>,
+    /// JPEG quality when re-encoding.
+    pub quality: u8,
+    /// Seeds the order of samples across shards.
+    pub seed: u64,
+}
+
+impl Default for PrepareOptions {
+    fn default() -> Self {
+        PrepareOptions {
+            splits: vec!["train".into(), "val".into()],
+            shard_bytes: 256 << 20,
+            resize: None,
+            quality: 90,
+            seed: 0,
+        }
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ShardError + '_ {
+    move |source| ShardError::Io { path: path.to_path_buf(), source }
+}
+
+/// A sample's key: its split and its index in the source tree's order (no dots: WebDataset
+/// splits a file name into key and extension at the first dot).
+fn sample_key(split: &str, index: usize) -> String {
+    format!("{split}-{index:09}")
+}
+
+/// One sample's stored bytes and extension: the file itself, or a JPEG re-encoded to `resize`.
+fn sample_bytes(path: &Path, options: &PrepareOptions) -> Result<(Vec<u8>, &'static str), ShardError> {
+    let Some(short) = options.resize else {
+        let bytes = fs::read(path).map_err(io_err(path))?;
+        // The stored extension follows the content, so a PNG named .jpg stays decodable by name.
+        let ext = match image::guess_format(&bytes) {
+            Ok(image::ImageFormat::Png) => "png",
+            _ => "jpg",
+        };
+        return Ok((bytes, ext));
+    };
+    let decoded = image::ImageReader::open(path)
+        .map_err(io_err(path))?
+        .with_guessed_format()
+        .map_err(io_err(path))?
+        .decode()
+        .map_err(|source| ShardError::Encode { path: path.to_path_buf(), source })?
+        .into_rgb8();
+    let (w, h) = decoded.dimensions();
+    let resized = if w.min(h) > short {
+        let scale = f64::from(short) / f64::from(w.min(h));
+        let (nw, nh) = ((f64::from(w) * scale).round() as u32, (f64::from(h) * scale).round() as u32);
+        image::imageops::resize(&decoded, nw.max(1), nh.max(1), image::imageops::FilterType::Triangle)
+    } else {
+        decoded
+    };
+    let mut bytes = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut bytes, options.quality)
+        .encode_image(&resized)
+        .map_err(|source| ShardError::Encode { path: path.to_path_buf(), source })?;
+    Ok((bytes, "jpg"))
+}
+
+/// Writes one tar member with fixed metadata (mode 0644, owner 0, mtime 0): shards of the same
+/// input are byte-identical.
+fn append(builder: &mut tar::Builder<BufWriter<File>>, name: &str, data: &[u8]) -> io::Result<()> {
+    let mut header = tar::Header::new_ustar();
+    header.set_size(data.len() as u64);
+    header.set_mode(0o644);
+    header.set_mtime(0);
+    header.set_uid(0);
+    header.set_gid(0);
+    builder.append_data(&mut header, name, data)
+}
+
+/// Size of a tar member: a 512-byte header plus the data padded to 512.
+fn member_bytes(len: usize) -> u64 {
+    512 + (len as u64).div_ceil(512) * 512
+}
+
+/// Converts the image tree at `src` into shards and a manifest at `out`, atomically: `out` appears
+/// complete or not at all. `out` must not exist (or be an empty directory).
+pub fn prepare(src: &Path, out: &Path, options: &PrepareOptions) -> Result<ShardManifest, ShardError> {
+    atomic_dir::ensure_free(out)?;
+    let staging = atomic_dir::staging_dir(out, ".shards-")?;
+    let mut manifest = ShardManifest {
+        format: FORMAT.into(),
+        version: 1,
+        classes: Vec::new(),
+        resize: options.resize,
+        splits: BTreeMap::new(),
+    };
+    for split in &options.splits {
+        let folder = ImageFolder::open(&src.join(split))?;
+        if manifest.classes.is_empty() {
+            manifest.classes = folder.classes.clone();
+        } else if manifest.classes != folder.classes {
+            return Err(ShardError::ClassMismatch {
+                src: src.to_path_buf(),
+                split: split.clone(),
+                found: folder.classes.clone(),
+                expected: manifest.classes.clone(),
+            });
+        }
+        let mut order: Vec<usize> = (0..folder.samples.len()).collect();
+        order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(options.seed));
+        let mut per_class = vec![0usize; folder.classes.len()];
+        let mut shards = Vec::new();
+        let mut writer: Option<(tar::Builder<BufWriter<File>>, PathBuf, u64, usize)> = None;
+        for index in order {
+            let (path, label) = &folder.samples[index];
+            per_class[*label] += 1;
+            let (bytes, ext) = sample_bytes(path, options)?;
+            let label_text = label.to_string();
+            let size = member_bytes(bytes.len()) + member_bytes(label_text.len());
+            // Close the current shard when this sample would overfill it (tar's 1 KiB end marker
+            // included), unless it is still empty.
+            if let Some((_, _, written, samples)) = &writer {
+                if *samples > 0 && written + size + 1024 > options.shard_bytes {
+                    let (builder, shard_path, _, samples) = writer.take().expect("checked above");
+                    shards.push(finish_shard(builder, &shard_path, samples)?);
+                }
+            }
+            if writer.is_none() {
+                let shard_path = staging.path().join(format!("{split}-{:06}.tar", shards.len()));
+                let file = File::create(&shard_path).map_err(io_err(&shard_path))?;
+                writer = Some((tar::Builder::new(BufWriter::new(file)), shard_path, 0, 0));
+            }
+            let (builder, shard_path, written, samples) = writer.as_mut().expect("just created");
+            let key = sample_key(split, index);
+            append(builder, &format!("{key}.{ext}"), &bytes).map_err(io_err(shard_path))?;
+            append(builder, &format!("{key}.cls"), label_text.as_bytes()).map_err(io_err(shard_path))?;
+            *written += size;
+            *samples += 1;
+        }
+        if let Some((builder, shard_path, _, samples)) = writer.take() {
+            shards.push(finish_shard(builder, &shard_path, samples)?);
+        }
+        manifest
+            .splits
+            .insert(split.clone(), SplitShards { samples: folder.samples.len(), per_class, shards });
+    }
+    let manifest_path = staging.path().join(MANIFEST);
+    let text = serde_json::to_vec_pretty(&manifest).expect("the manifest serialises");
+    fs::write(&manifest_path, text).map_err(io_err(&manifest_path))?;
+    atomic_dir::publish(staging, out)?;
+    Ok(manifest)
+}
+
+/// Ends a shard's tar stream, syncs it and describes it for the manifest.
+fn finish_shard(
+    builder: tar::Builder<BufWriter<File>>,
+    path: &Path,
+    samples: usize,
+) -> Result<ShardInfo, ShardError> {
+    let file =
+        builder.into_inner().map_err(io_err(path))?.into_inner().map_err(|e| io_err(path)(e.into_error()))?;
+    file.sync_all().map_err(io_err(path))?;
+    let (sha256, bytes) = hash_file(path)?;
+    let name = path.file_name().expect("a shard path has a name").to_string_lossy().into_owned();
+    Ok(ShardInfo { name, bytes, sha256, samples })
+}
+
+/// sha256 (hex) and length of a file, read in 1 MiB blocks.
+fn hash_file(path: &Path) -> Result<(String, u64), ShardError> {
+    let mut file = File::open(path).map_err(io_err(path))?;
+    copy_hashing(&mut file, &mut io::sink()).map_err(io_err(path))
+}
+
+/// Copies `from` into `to` while hashing; returns the sha256 (hex) and the byte count.
+fn copy_hashing(from: &mut impl Read, to: &mut impl Write) -> io::Result<(String, u64)> {
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = from.read(&mut buffer)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buffer[..n]);
+        to.write_all(&buffer[..n])?;
+        total += n as u64;
+    }
+    Ok((hex::encode(hasher.finalize()), total))
+}
+
+/// What [`verify`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VerifyReport {
+    pub shards: usize,
+    pub bytes: u64,
+    /// Each bad shard's name and what is wrong with it.
+    pub bad: Vec<(String, String)>,
+}
+
+/// Re-hashes every shard of `dir` against its manifest; names every shard that is missing,
+/// has the wrong size or the wrong sha256.
+pub fn verify(dir: &Path) -> Result<VerifyReport, ShardError> {
+    let manifest = ShardManifest::read(dir)?;
+    let mut report = VerifyReport { shards: 0, bytes: 0, bad: Vec::new() };
+    for shard in manifest.all_shards() {
+        report.shards += 1;
+        let path = dir.join(&shard.name);
+        match hash_file(&path) {
+            Err(ShardError::Io { source, .. }) => {
+                report.bad.push((shard.name.clone(), format!("cannot read: {source}")))
+            }
+            Err(other) => return Err(other),
+            Ok((sha256, bytes)) => {
+                report.bytes += bytes;
+                if bytes != shard.bytes {
+                    report.bad.push((
+                        shard.name.clone(),
+                        format!("{bytes} bytes, the manifest says {}", shard.bytes),
+                    ));
+                } else if sha256 != shard.sha256 {
+                    report.bad.push((
+                        shard.name.clone(),
+                        format!("sha256 {sha256}, the manifest says {}", shard.sha256),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// What [`stage`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StageReport {
+    pub copied: usize,
+    pub skipped: usize,
+    pub bytes_copied: u64,
+}
+
+/// Copies the shard set at `src` to `dest` (created if needed): each shard not already there
+/// with the manifest's size and sha256 is copied to a temporary name while hashed, checked,
+/// synced and renamed into place; the manifest is written last, so `dest` is a usable shard set
+/// only once every shard is. A shard whose copy does not match the manifest is an error naming
+/// it (the source is damaged) and leaves nothing under its name.
+pub fn stage(src: &Path, dest: &Path) -> Result<StageReport, ShardError> {
+    let manifest = ShardManifest::read(src)?;
+    fs::create_dir_all(dest).map_err(io_err(dest))?;
+    let mut report = StageReport::default();
+    for shard in manifest.all_shards() {
+        let target = dest.join(&shard.name);
+        let present = fs::metadata(&target).is_ok_and(|m| m.len() == shard.bytes)
+            && hash_file(&target).is_ok_and(|(sha256, _)| sha256 == shard.sha256);
+        if present {
+            report.skipped += 1;
+            continue;
+        }
+        let source_path = src.join(&shard.name);
+        let mut from = File::open(&source_path).map_err(io_err(&source_path))?;
+        let mut partial = tempfile::Builder::new()
+            .prefix(&format!(".{}.", shard.name))
+            .suffix(".partial")
+            .tempfile_in(dest)
+            .map_err(io_err(dest))?;
+        let (sha256, bytes) = copy_hashing(&mut from, partial.as_file_mut()).map_err(io_err(&target))?;
+        if sha256 != shard.sha256 {
+            return Err(ShardError::CopyMismatch {
+                src: source_path,
+                dest: target,
+                expected: shard.sha256.clone(),
+                actual: sha256,
+            });
+        }
+        partial.as_file().sync_all().map_err(io_err(&target))?;
+        partial.persist(&target).map_err(|e| io_err(&target)(e.error))?;
+        report.copied += 1;
+        report.bytes_copied += bytes;
+    }
+    let text = serde_json::to_vec_pretty(&manifest).expect("the manifest serialises");
+    crate::tensor_io::write_atomic(&dest.join(MANIFEST), &text)
+        .map_err(|e| ShardError::Io { path: dest.join(MANIFEST), source: io::Error::other(e.to_string()) })?;
+    Ok(report)
+}
+
+/// Where one sample's image is: shard, byte offset and length inside it.
+#[derive(Debug, Clone)]
+struct SampleRef {
+    key: String,
+    shard: usize,
+    offset: usize,
+    len: usize,
+    label: usize,
+}
+
+/// One split of a shard directory, indexed and memory-mapped.
+pub struct ShardSet {
+    root: PathBuf,
+    classes: Vec<String>,
+    shards: Vec<(PathBuf, Mmap)>,
+    samples: Vec<SampleRef>,
+}
+
+impl ShardSet {
+    /// Maps the split's shards and indexes them from their tar headers. Samples are ordered by
+    /// key, which restores the source tree's order.
+    ///
+    /// # Errors
+    /// A missing split, an unreadable shard, a shard whose size differs from the manifest (a
+    /// cheap check; `rtrain data verify` hashes), a member that is not a regular file, a
+    /// sample without its image or label, a label out of range, or a sample count different
+    /// from the manifest's — each naming the shard.
+    pub fn open(root: &Path, split: &str) -> Result<ShardSet, ShardError> {
+        let manifest = ShardManifest::read(root)?;
+        let Some(info) = manifest.splits.get(split) else {
+            return Err(ShardError::NoSplit {
+                dir: root.to_path_buf(),
+                split: split.to_string(),
+                available: manifest.splits.keys().cloned().collect(),
+            });
+        };
+        let mut shards = Vec::with_capacity(info.shards.len());
+        let mut samples = Vec::with_capacity(info.samples);
+        for (shard_index, shard) in info.shards.iter().enumerate() {
+            let path = root.join(&shard.name);
+            let bad = |problem: String| ShardError::BadShard { shard: path.clone(), problem };
+            let file = File::open(&path).map_err(io_err(&path))?;
+            let len = file.metadata().map_err(io_err(&path))?.len();
+            if len != shard.bytes {
+                return Err(bad(format!(
+                    "{len} bytes, the manifest says {} (run rtrain data verify)",
+                    shard.bytes
+                )));
+            }
+            // SAFETY: the shard is opened read-only and rtrain never writes shards in place
+            // (prepare and stage publish them by rename); a file truncated underneath the map by
+            // another program would fault, which is the documented risk of mmap.
+            let map = unsafe { Mmap::map(&file) }.map_err(io_err(&path))?;
+            let mut images: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+            let mut labels: BTreeMap<String, usize> = BTreeMap::new();
+            let mut archive = tar::Archive::new(io::Cursor::new(&map[..]));
+            for entry in archive.entries_with_seek().map_err(|e| bad(e.to_string()))? {
+                let entry = entry.map_err(|e| bad(format!("reading the tar headers: {e}")))?;
+                if entry.header().entry_type() != tar::EntryType::Regular {
+                    continue;
+                }
+                let name = entry.path().map_err(|e| bad(e.to_string()))?.to_string_lossy().into_owned();
+                let (dir, file_name) = name.rsplit_once('/').map_or(("", name.as_str()), |(d, f)| (d, f));
+                let Some((stem, ext)) = file_name.split_once('.') else { continue };
+                let key = if dir.is_empty() { stem.to_string() } else { format!("{dir}/{stem}") };
+                let offset = usize::try_from(entry.raw_file_position()).unwrap_or(usize::MAX);
+                let size = usize::try_from(entry.size()).unwrap_or(usize::MAX);
+                let data = map
+                    .get(offset..offset.saturating_add(size))
+                    .ok_or_else(|| bad(format!("{name} runs past the end")))?;
+                match ext.to_ascii_lowercase().as_str() {
+                    "cls" => {
+                        let text = std::str::from_utf8(data).unwrap_or("").trim();
+                        let label: usize = text
+                            .parse()
+                            .map_err(|_| bad(format!("{name}: label {text:?} is not a number")))?;
+                        if label >= manifest.classes.len() {
+                            return Err(bad(format!(
+                                "{name}: label {label} but there are {} classes",
+                                manifest.classes.len()
+                            )));
+                        }
+                        labels.insert(key, label);
+                    }
+                    "jpg" | "jpeg" | "png" => {
+                        images.insert(key, (offset, size));
+                    }
+                    _ => {}
+                }
+            }
+            for (key, (offset, len)) in images {
+                let label = labels
+                    .remove(&key)
+                    .ok_or_else(|| bad(format!("sample {key} has an image but no .cls label")))?;
+                samples.push(SampleRef { key, shard: shard_index, offset, len, label });
+            }
+            if let Some(key) = labels.keys().next() {
+                return Err(bad(format!("sample {key} has a .cls label but no image")));
+            }
+            shards.push((path, map));
+        }
+        if samples.len() != info.samples {
+            return Err(ShardError::BadShard {
+                shard: root.to_path_buf(),
+                problem: format!(
+                    "split {split} has {} samples in its shards, the manifest says {}",
+                    samples.len(),
+                    info.samples
+                ),
+            });
+        }
+        samples.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(ShardSet { root: root.to_path_buf(), classes: manifest.classes, shards, samples })
+    }
+}
+
+impl Dataset for ShardSet {
+    fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn classes(&self) -> &[String] {
+        &self.classes
+    }
+
+    fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    fn label(&self, index: usize) -> Option<usize> {
+        self.samples.get(index).map(|s| s.label)
+    }
+
+    fn load(&self, index: usize) -> Result<RgbImage, DataError> {
+        let sample = self.samples.get(index).ok_or_else(|| DataError::IndexOutOfRange {
+            index,
+            len: self.samples.len(),
+            root: self.root.clone(),
+        })?;
+        let bytes = &self.shards[sample.shard].1[sample.offset..sample.offset + sample.len];
+        let decoded = image::load_from_memory(bytes)
+            .map_err(|source| DataError::Decode { path: PathBuf::from(self.describe(index)), source })?;
+        Ok(decoded.into_rgb8())
+    }
+
+    fn describe(&self, index: usize) -> String {
+        self.samples.get(index).map_or_else(
+            || format!("#{index}"),
+            |s| format!("{}:{}", self.shards[s.shard].0.display(), s.key),
+        )
+    }
+
+    fn files(&self) -> Vec<PathBuf> {
+        self.shards.iter().map(|(path, _)| path.clone()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SRC/{train,val}/{a,b,c}/: PNGs and JPEGs of different sizes and colours.
+    fn make_tree(root: &Path, per_class: u32) {
+        for split in ["train", "val"] {
+            for (c, class) in ["a", "b", "c"].iter().enumerate() {
+                let dir = root.join(split).join(class);
+                fs::create_dir_all(&dir).unwrap();
+                for i in 0..per_class {
+                    let (w, h) = (40 + 7 * i, 30 + 3 * (c as u32));
+                    let img = RgbImage::from_fn(w, h, |x, y| {
+                        image::Rgb([(x * 5 + i) as u8, (y * 9) as u8, (c * 80) as u8])
+                    });
+                    let ext = if i % 2 == 0 { "png" } else { "jpg" };
+                    img.save(dir.join(format!("{i:03}.{ext}"))).unwrap();
+                }
+            }
+        }
+    }
+
+    fn small_shards() -> PrepareOptions {
+        PrepareOptions { shard_bytes: 40 << 10, ..PrepareOptions::default() }
+    }
+
+    #[test]
+    fn shards_read_back_exactly_as_the_tree_they_came_from() {
+        let dir = tempfile::tempdir().unwrap();
+        make_tree(&dir.path().join("src"), 12);
+        let out = dir.path().join("shards");
+        let manifest = prepare(&dir.path().join("src"), &out, &small_shards()).unwrap();
+        assert_eq!(manifest.classes, ["a", "b", "c"]);
+        let train = &manifest.splits["train"];
+        assert_eq!((train.samples, train.per_class.clone()), (36, vec![12, 12, 12]));
+        assert!(train.shards.len() >= 3, "40 KiB shards: {:?}", train.shards);
+        for shard in &train.shards {
+            assert!(shard.bytes <= 40 << 10, "{shard:?}");
+            assert_eq!(fs::metadata(out.join(&shard.name)).unwrap().len(), shard.bytes);
+        }
+        for split in ["train", "val"] {
+            let folder = ImageFolder::open(&dir.path().join("src").join(split)).unwrap();
+            let shards = ShardSet::open(&out, split).unwrap();
+            assert_eq!(Dataset::len(&shards), folder.len());
+            for index in 0..folder.len() {
+                assert_eq!(shards.label(index), Dataset::label(&folder, index), "{split} {index}");
+                assert_eq!(shards.load(index).unwrap(), folder.load(index).unwrap(), "{split} {index}");
+            }
+        }
+        // Shuffled across shards: the first shard does not hold just the first class.
+        let first = ShardSet::open(&out, "train").unwrap();
+        let in_first: Vec<usize> = first.samples.iter().filter(|s| s.shard == 0).map(|s| s.label).collect();
+        assert!(in_first.iter().any(|&l| l != in_first[0]), "{in_first:?}");
+        // Deterministic: the same input gives byte-identical shards.
+        let again = prepare(&dir.path().join("src"), &dir.path().join("again"), &small_shards()).unwrap();
+        assert_eq!(again.splits, manifest.splits);
+    }
+
+    #[test]
+    fn verify_names_every_bad_shard() {
+        let dir = tempfile::tempdir().unwrap();
+        make_tree(&dir.path().join("src"), 8);
+        let out = dir.path().join("shards");
+        let manifest = prepare(&dir.path().join("src"), &out, &small_shards()).unwrap();
+        let clean = verify(&out).unwrap();
+        assert_eq!(clean.bad, []);
+        assert_eq!(clean.shards, manifest.all_shards().count());
+        let shards: Vec<&ShardInfo> = manifest.all_shards().collect();
+        let flipped = out.join(&shards[1].name);
+        let mut bytes = fs::read(&flipped).unwrap();
+        bytes[700] ^= 1;
+        fs::write(&flipped, bytes).unwrap();
+        fs::remove_file(out.join(&shards[2].name)).unwrap();
+        let report = verify(&out).unwrap();
+        let names: Vec<&str> = report.bad.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, [shards[1].name.as_str(), shards[2].name.as_str()]);
+        assert!(report.bad[0].1.contains("sha256"), "{:?}", report.bad);
+        assert!(report.bad[1].1.contains("cannot read"), "{:?}", report.bad);
+    }
+
+    #[test]
+    fn staging_copies_what_is_missing_or_wrong_and_refuses_a_damaged_source() {
+        let dir = tempfile::tempdir().unwrap();
+        make_tree(&dir.path().join("src"), 8);
+        let out = dir.path().join("shards");
+        let manifest = prepare(&dir.path().join("src"), &out, &small_shards()).unwrap();
+        let total = manifest.all_shards().count();
+        let local = dir.path().join("local/shards");
+        let first = stage(&out, &local).unwrap();
+        assert_eq!((first.copied, first.skipped), (total, 0));
+        assert_eq!(verify(&local).unwrap().bad, []);
+        let again = stage(&out, &local).unwrap();
+        assert_eq!((again.copied, again.skipped), (0, total));
+        // A damaged local copy is replaced; the rest is left alone.
+        let name = manifest.splits["val"].shards[0].name.clone();
+        fs::write(local.join(&name), b"junk").unwrap();
+        let repaired = stage(&out, &local).unwrap();
+        assert_eq!((repaired.copied, repaired.skipped), (1, total - 1));
+        assert_eq!(verify(&local).unwrap().bad, []);
+        // A damaged source: an error naming it, and nothing under the shard's name.
+        let fresh = dir.path().join("fresh");
+        let mut bytes = fs::read(out.join(&name)).unwrap();
+        bytes[100] ^= 0xff;
+        fs::write(out.join(&name), bytes).unwrap();
+        let err = stage(&out, &fresh).unwrap_err();
+        assert!(matches!(err, ShardError::CopyMismatch { .. }), "{err}");
+        assert!(err.to_string().contains(&name), "{err}");
+        assert!(!fresh.join(&name).exists());
+        assert!(!fresh.join(MANIFEST).exists(), "a partly staged set must not look complete");
+        let leftovers: Vec<_> = fs::read_dir(&fresh)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().contains("partial"))
+            .collect();
+        assert_eq!(leftovers, Vec::<std::ffi::OsString>::new());
+    }
+
+    #[test]
+    fn resize_stores_small_jpegs_and_output_must_be_free() {
+        let dir = tempfile::tempdir().unwrap();
+        make_tree(&dir.path().join("src"), 4);
+        let out = dir.path().join("shards");
+        let options = PrepareOptions { resize: Some(20), ..PrepareOptions::default() };
+        prepare(&dir.path().join("src"), &out, &options).unwrap();
+        let set = ShardSet::open(&out, "train").unwrap();
+        for index in 0..Dataset::len(&set) {
+            let image = set.load(index).unwrap();
+            assert_eq!(image.width().min(image.height()), 20, "sample {index}");
+        }
+        let err = prepare(&dir.path().join("src"), &out, &options).unwrap_err();
+        assert!(matches!(err, ShardError::Output(AtomicDirError::OutputExists { .. })), "{err}");
+    }
+
+    #[test]
+    fn a_sample_without_its_label_names_the_shard_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let shard = dir.path().join("train-000000.tar");
+        let mut builder = tar::Builder::new(BufWriter::new(File::create(&shard).unwrap()));
+        let mut png = Vec::new();
+        RgbImage::new(4, 4).write_to(&mut io::Cursor::new(&mut png), image::ImageFormat::Png).unwrap();
+        append(&mut builder, "train-000000000.png", &png).unwrap();
+        append(&mut builder, "train-000000000.cls", b"0").unwrap();
+        append(&mut builder, "train-000000001.png", &png).unwrap();
+        builder.into_inner().unwrap().flush().unwrap();
+        let (sha256, bytes) = hash_file(&shard).unwrap();
+        let manifest = ShardManifest {
+            format: FORMAT.into(),
+            version: 1,
+            classes: vec!["x".into()],
+            resize: None,
+            splits: BTreeMap::from([(
+                "train".to_string(),
+                SplitShards {
+                    samples: 2,
+                    per_class: vec![2],
+                    shards: vec![ShardInfo { name: "train-000000.tar".into(), bytes, sha256, samples: 2 }],
+                },
+            )]),
+        };
+        fs::write(dir.path().join(MANIFEST), serde_json::to_vec(&manifest).unwrap()).unwrap();
+        let err = ShardSet::open(dir.path(), "train").err().unwrap().to_string();
+        assert!(err.contains("train-000000.tar") && err.contains("train-000000001"), "{err}");
+        let err = ShardSet::open(dir.path(), "val").err().unwrap().to_string();
+        assert!(err.contains("no split \"val\""), "{err}");
+    }
+}
