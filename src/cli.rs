@@ -248,16 +248,24 @@ pub enum DataCommand {
         /// Allow plain http to hosts other than loopback (no transport security).
         #[arg(long)]
         allow_http: bool,
-        /// Retries of transient failures (connection errors, 5xx, truncated bodies).
+        /// Retries of transient failures in a row (connection errors, 5xx, truncated bodies);
+        /// an attempt that makes progress resets the count.
         #[arg(long, default_value_t = 5)]
         retries: u32,
+        /// Give up on a request that sends nothing for this long (e.g. 60s, 5m).
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+        /// No progress bar (log lines instead).
+        #[arg(long)]
+        no_progress: bool,
     },
     /// Extract a tar or tar.gz archive into DEST, refusing entries that would escape it.
     Extract {
         archive: PathBuf,
         dest: PathBuf,
-        /// Refuse archives that unpack to more than this many GiB.
-        #[arg(long, default_value_t = 64)]
+        /// Refuse archives that unpack to more than this many GiB (ImageNet-1k's training tar
+        /// is about 140).
+        #[arg(long, default_value_t = 256)]
         max_gib: u64,
         /// Refuse archives with more entries than this.
         #[arg(long, default_value_t = 10_000_000)]
@@ -988,12 +996,13 @@ fn cmd_data(command: DataCommand) -> Result<()> {
                 report.skipped
             );
         }
-        DataCommand::Fetch { url, out, sha256, allow_http, retries } => {
+        DataCommand::Fetch { url, out, sha256, allow_http, retries, timeout, no_progress } => {
             let options = fetch::FetchOptions {
                 sha256,
                 allow_http,
                 retries,
-                progress: true,
+                timeout,
+                progress: !no_progress,
                 ..fetch::FetchOptions::default()
             };
             let fetched = fetch::fetch(&url, &out, &options)?;

@@ -174,3 +174,35 @@ fn a_damaged_source_shard_fails_the_staging_job_promptly_naming_it() {
     assert!(stderr.contains(&victim) && stderr.contains("staging data on node 0"), "{stderr}");
     assert!(!dir.path().join("local/shards").join(&victim).exists());
 }
+
+#[test]
+fn an_undecodable_image_fails_the_run_naming_it_or_is_skipped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = tree(dir.path());
+    let class = std::fs::read_dir(data.join("train")).unwrap().next().unwrap().unwrap().path();
+    let victim = std::fs::read_dir(&class).unwrap().next().unwrap().unwrap().path();
+    std::fs::write(&victim, b"\xff\xd8\xff\xe0 not really a JPEG").unwrap();
+    let root = format!("data.root={}", data.display());
+
+    let failed =
+        common::rtrain(dir.path()).args(TRAIN).arg(&root).args(["--run-dir", "fail"]).output().unwrap();
+    assert_eq!(failed.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert!(stderr.contains(&*victim.to_string_lossy()), "{stderr}");
+
+    let skipped = common::rtrain(dir.path())
+        .args(TRAIN)
+        .arg(&root)
+        .args(["--set", "data.on_bad_sample=skip", "--run-dir", "skip"])
+        .output()
+        .unwrap();
+    let skipped = common::assert_success(skipped, "train with on_bad_sample=skip");
+    assert!(String::from_utf8_lossy(&skipped.stderr).contains("skipped 1 undecodable training samples"));
+    let metrics = std::fs::read_to_string(dir.path().join("skip/metrics.jsonl")).unwrap();
+    let epoch: serde_json::Value = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|r| r["kind"] == "epoch")
+        .unwrap();
+    assert_eq!(epoch["skipped_samples"], 1);
+}
