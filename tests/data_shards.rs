@@ -112,6 +112,16 @@ fn training_from_shards_equals_training_from_the_tree_also_staged_on_two_ranks()
     let from_tree = train(&data, "run-tree");
     let from_shards = train(&shards, "run-shards");
     assert_eq!(from_tree, from_shards, "the same samples, decoded and augmented the same way");
+    // One process (no MPI) stages too.
+    let alone = dir.path().join("alone");
+    common::rtrain(dir.path())
+        .args(TRAIN)
+        .arg(format!("data.root={}", shards.display()))
+        .args(["--set", &format!("data.stage_dir={}", alone.display()), "--run-dir", "run-alone"])
+        .assert()
+        .success();
+    assert_eq!(weights_sha256(&dir.path().join("run-alone")), from_shards);
+    common::rtrain(dir.path()).args(["data", "verify"]).arg(alone.join("shards")).assert().success();
 
     // Two ranks: the tree read in place against the shards staged to a "node-local" directory.
     let two_ranks = |root: &Path, run: &str, extra: &[String]| {
