@@ -8,7 +8,9 @@ rtrain / PyTorch. Run from the repository root after `scripts/setup --test` and
     .deps/venv/bin/python bench/compare_step.py [--repeats 3] [--threads 2] [--sizes 64 224]
 
 Each model and size runs in four modes: fp32 and bf16 autocast, each NCHW and channels-last.
-The last column compares rtrain's best mode with PyTorch's best mode.
+The last column compares rtrain's best mode with PyTorch's best mode. The limit: the step's
+floating-point rate (src/flops.rs counts the work) as a share of this CPU's attainable rate,
+measured with large matrix products through the same libtorch (`rtrain bench peak`).
 """
 import argparse
 import json
@@ -38,7 +40,11 @@ def main():
     parser.add_argument("--rtrain", default=str(ROOT / "target/release/rtrain"))
     args = parser.parse_args()
 
+    peak = run([args.rtrain, "bench", "peak", "--json", "--threads", str(args.threads)])["median_gflops"]
+    print(f"attainable: {peak:.1f} GFLOP/s fp32 (2048x2048 matrix products, {args.threads} threads)",
+          file=sys.stderr)
     rows = []
+    flop_per_step = {}
     for arch in args.archs:
         for size in args.sizes:
             for mode in args.modes:
@@ -49,7 +55,9 @@ def main():
                     common.append("--channels-last")
                 ours, theirs = [], []
                 for _ in range(args.repeats):
-                    ours.append(run([args.rtrain, "bench", "step", "--json", *common])["images_per_second"])
+                    result = run([args.rtrain, "bench", "step", "--json", *common])
+                    flop_per_step[(arch, size)] = result["gflop_per_step"]
+                    ours.append(result["images_per_second"])
                     theirs.append(run([sys.executable, str(ROOT / "bench/step_reference.py"), *common])
                                   ["images_per_second"])
                 rows.append((arch, size, mode, ours, theirs))
@@ -71,6 +79,9 @@ def main():
             ratio = statistics.median(best_ours[3]) / statistics.median(best_theirs[4])
             print(f"best vs best, {arch} @{size}: rtrain {best_ours[2]} {statistics.median(best_ours[3]):.1f} / "
                   f"pytorch {best_theirs[2]} {statistics.median(best_theirs[4]):.1f} = {ratio:.2f}x")
+            gflops = flop_per_step[(arch, size)] / args.batch_size * statistics.median(best_ours[3])
+            print(f"limit, {arch} @{size}: {flop_per_step[(arch, size)]:.1f} GFLOP/step, rtrain at {gflops:.1f} "
+                  f"GFLOP/s = {100 * gflops / peak:.0f}% of the attainable {peak:.1f} GFLOP/s fp32")
 
 
 if __name__ == "__main__":

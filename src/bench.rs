@@ -1,5 +1,8 @@
 //! `rtrain bench`: timings that can be compared with PyTorch's, run for run.
 //!
+//! `bench peak` measures the attainable rate (large matrix products); `bench step` also
+//! reports the step's floating-point rate, so their ratio says how much is left to win.
+//!
 //! `bench step` times the training step alone (forward, loss, backward, SGD update) on random
 //! input, exactly what bench/step_reference.py times in PyTorch eager (also in bf16 autocast
 //! and channels-last), so the ratio of the two isolates the framework from data loading.
@@ -150,6 +153,10 @@ pub struct StepBenchResult {
     pub step_seconds: Vec<f64>,
     pub median_step_seconds: f64,
     pub images_per_second: f64,
+    /// Floating-point operations of one step (src/flops.rs) and the rate the median step
+    /// reached, to set against `rtrain bench peak`.
+    pub gflop_per_step: f64,
+    pub gflops: f64,
 }
 
 pub fn median(values: &[f64]) -> f64 {
@@ -188,6 +195,12 @@ pub fn bench_step(options: &StepBench) -> Result<StepBenchResult, BenchError> {
         }
     }
     let median_step_seconds = median(&step_seconds);
+    let flop = crate::flops::training_step_flops(
+        options.arch,
+        options.image_size.unsigned_abs(),
+        options.batch_size.unsigned_abs(),
+        num_classes as u64,
+    );
     Ok(StepBenchResult {
         framework: "rtrain",
         arch: options.arch.to_string(),
@@ -199,6 +212,53 @@ pub fn bench_step(options: &StepBench) -> Result<StepBenchResult, BenchError> {
         images_per_second: options.batch_size as f64 / median_step_seconds,
         median_step_seconds,
         step_seconds,
+        gflop_per_step: flop / 1e9,
+        gflops: flop / 1e9 / median_step_seconds,
+    })
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PeakBenchResult {
+    pub threads: i32,
+    pub precision: String,
+    pub matrix_side: i64,
+    pub gflops: Vec<f64>,
+    pub median_gflops: f64,
+}
+
+/// This CPU's attainable floating-point rate through libtorch: square matrix products (the
+/// best case for any BLAS), timed `repeats` times after one warm-up.
+pub fn bench_peak(
+    threads: usize,
+    side: i64,
+    precision: crate::precision::Precision,
+    repeats: usize,
+) -> Result<PeakBenchResult, BenchError> {
+    let threads = crate::train::set_threads(threads, 1);
+    let kind = match precision {
+        crate::precision::Precision::Bf16 => Kind::BFloat16,
+        _ => Kind::Float,
+    };
+    let a = Tensor::f_randn([side, side], (kind, Device::Cpu))?;
+    let b = Tensor::f_randn([side, side], (kind, Device::Cpu))?;
+    let mut gflops = Vec::with_capacity(repeats);
+    for i in 0..=repeats {
+        let started = Instant::now();
+        let c = a.f_matmul(&b)?;
+        // Touch the result so the product is not left lazily unfinished (it is not, on CPU,
+        // but this keeps the timing honest if that ever changes).
+        let _ = c.f_sum(Kind::Float)?.f_double_value(&[])?;
+        let seconds = started.elapsed().as_secs_f64();
+        if i > 0 {
+            gflops.push(2.0 * (side as f64).powi(3) / seconds / 1e9);
+        }
+    }
+    Ok(PeakBenchResult {
+        threads,
+        precision: precision.to_string(),
+        matrix_side: side,
+        median_gflops: median(&gflops),
+        gflops,
     })
 }
 

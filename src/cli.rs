@@ -304,6 +304,19 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// This CPU's attainable GFLOP/s through libtorch (square matrix products).
+    Peak {
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        #[arg(long, default_value_t = 2048)]
+        size: i64,
+        #[arg(long, value_enum, default_value_t = BenchPrecision::Fp32)]
+        precision: BenchPrecision,
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Time the input pipeline (decode + RandomResizedCrop + flip + normalise into batches).
     Loader {
         /// A shard directory (rtrain data prepare) or an image tree.
@@ -396,6 +409,22 @@ pub fn run(cli: Cli) -> Result<()> {
             let options = AllreduceOptions { warmup, iterations, link_gbit, algorithm, blocking, json };
             cmd_bench_allreduce(&arch, &bucket_mb, &options)
         }
+        Command::Bench(BenchCommand::Peak { threads, size, precision, repeats, json }) => {
+            let precision = match precision {
+                BenchPrecision::Fp32 => Precision::Fp32,
+                BenchPrecision::Bf16 => Precision::Bf16,
+            };
+            let result = bench::bench_peak(threads, size, precision, repeats)?;
+            if json {
+                println!("{}", serde_json::to_string(&result)?);
+            } else {
+                println!(
+                    "{size}x{size} {} matrix product, {} threads: {:.1} GFLOP/s (median of {repeats})",
+                    result.precision, result.threads, result.median_gflops
+                );
+            }
+            Ok(())
+        }
         Command::Bench(BenchCommand::Loader {
             data,
             split,
@@ -448,7 +477,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 println!("{}", serde_json::to_string(&result)?);
             } else {
                 println!(
-                    "{} {} {}x{} batch {} threads {}: {:.1} img/s (median step {:.1} ms over {} steps)",
+                    "{} {} {}x{} batch {} threads {}: {:.1} img/s (median step {:.1} ms over {} steps), {:.1} GFLOP/step at {:.1} GFLOP/s",
                     result.arch,
                     compute,
                     image_size,
@@ -457,7 +486,9 @@ pub fn run(cli: Cli) -> Result<()> {
                     result.threads,
                     result.images_per_second,
                     result.median_step_seconds * 1e3,
-                    steps
+                    steps,
+                    result.gflop_per_step,
+                    result.gflops
                 );
             }
             Ok(())

@@ -11,6 +11,7 @@ pub mod data;
 pub mod dist;
 pub mod doctor;
 pub mod eval;
+pub mod flops;
 pub mod launcher;
 pub mod logging;
 pub mod manifest;
