@@ -42,10 +42,18 @@ fn apptainer_definition_has_its_sections_and_clean_scripts() {
     }
 }
 
-/// The project's shell scripts (setup, test, simcluster, container, CI) pass shellcheck.
+/// The project's shell scripts (setup, test, simcluster, container, CI, benchmark runners) pass shellcheck.
 #[test]
 fn shell_scripts_pass_shellcheck() {
-    let scripts = ["scripts/setup", "scripts/test", "scripts/simcluster", "scripts/container", ".ci/run"];
+    let scripts = [
+        "scripts/setup",
+        "scripts/test",
+        "scripts/simcluster",
+        "scripts/container",
+        ".ci/run",
+        "bench/run",
+        "bench/scaling",
+    ];
     let output = Command::new("shellcheck")
         .current_dir(common::repo())
         .args(scripts)
