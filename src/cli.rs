@@ -617,8 +617,7 @@ fn run_in_job(
 
 fn train_in_job(args: TrainArgs, config: &Config, comm: Arc<dyn Communicator>) -> Result<()> {
     ensure_default_data(config, comm.as_ref())?;
-    let staged = stage_data(config, comm.as_ref())?;
-    let config = &staged;
+    stage_data(config, comm.as_ref())?;
     let run_dir = args.run_dir.unwrap_or_else(|| default_run_dir(config));
     // Rank 0's name: a time-stamped default could differ between ranks by a second.
     let run_dir = PathBuf::from(dist::broadcast_string(comm.as_ref(), &run_dir.to_string_lossy(), 0));
@@ -682,6 +681,7 @@ fn cmd_reproduce(args: ReproduceArgs) -> Result<()> {
         if out.join(manifest::FILE_NAME).exists() {
             bail!("{} already holds a run: choose another --out", out.display());
         }
+        stage_data(config, comm.as_ref())?;
         let is_root = comm.topology().is_root();
         let world_size = comm.topology().world_size;
         train::train(config, &out, Resume::Fresh, Some(epochs), comm)?;
@@ -701,12 +701,13 @@ fn cmd_reproduce(args: ReproduceArgs) -> Result<()> {
 }
 
 /// With `data.stage_dir`, the first rank of each node copies the shard set at `data.root` to
-/// `stage_dir/<name of root>` (skipping shards already there with the right hash, verifying each
-/// copy) while the node's other ranks wait; training then reads the copy. The outcome is summed
+/// `shards::staged_root` (skipping shards already there with the right hash, verifying each
+/// copy) while the node's other ranks wait; training then reads the copy (`train::data_root`),
+/// and the run records `data.root` as given. The outcome is summed
 /// over all ranks, so a failed copy on any node fails every rank (naming the node and file on
 /// the rank that failed) instead of leaving them waiting.
-fn stage_data(config: &Config, comm: &dyn Communicator) -> Result<Config> {
-    let Some(stage_dir) = &config.data.stage_dir else { return Ok(config.clone()) };
+fn stage_data(config: &Config, comm: &dyn Communicator) -> Result<()> {
+    let Some(stage_dir) = &config.data.stage_dir else { return Ok(()) };
     let root = &config.data.root;
     if !root.join(shards::MANIFEST).is_file() {
         bail!(
@@ -715,8 +716,7 @@ fn stage_data(config: &Config, comm: &dyn Communicator) -> Result<Config> {
             shards::MANIFEST
         );
     }
-    let name = std::fs::canonicalize(root).ok().and_then(|p| p.file_name().map(|n| n.to_owned()));
-    let dest = stage_dir.join(name.unwrap_or_else(|| "data".into()));
+    let dest = shards::staged_root(root, stage_dir);
     let topology = comm.topology();
     let mut outcome = Ok(());
     if topology.local_rank == 0 {
@@ -750,9 +750,7 @@ fn stage_data(config: &Config, comm: &dyn Communicator) -> Result<Config> {
             failed[0]
         );
     }
-    let mut staged = config.clone();
-    staged.data.root = dest;
-    Ok(staged)
+    Ok(())
 }
 
 /// The built-in default data is generated on first use, but only at its default path: a
@@ -892,7 +890,11 @@ fn cmd_doctor(args: DoctorArgs) -> Result<()> {
     let device = if tch::Cuda::is_available() { Device::Cuda(0) } else { Device::Cpu };
     let (compute, why) = train::compute_for(&config, device);
     let probe = doctor::Probe::process();
-    let launch = launcher::detect_from_process()?;
+    // A malformed launcher variable is a finding, not the end of the report.
+    let (launch, launch_error) = match launcher::detect_from_process() {
+        Ok(launch) => (launch, None),
+        Err(error) => (None, Some(error.to_string())),
+    };
     let cuda = doctor::Cuda {
         built: cfg!(feature = "cuda"),
         available: tch::Cuda::is_available(),
@@ -902,6 +904,7 @@ fn cmd_doctor(args: DoctorArgs) -> Result<()> {
     // Under a launcher, join the job to show what MPI says (the communicator is the truth); a
     // failure to join is a finding, not the end of the report.
     let mut mpi = doctor::Mpi::from_launch(launch.as_ref());
+    mpi.error = launch_error;
     if launch.is_some() {
         match dist::init(AllreduceAlgorithm::Mpi) {
             Ok(comm) => {
@@ -928,6 +931,9 @@ fn cmd_doctor(args: DoctorArgs) -> Result<()> {
         doctor::Directory::probe("run", &config.run.dir),
         doctor::Directory::probe("shm", &probe.path("/dev/shm")),
     ];
+    if let Some(stage_dir) = &config.data.stage_dir {
+        facts.directories.push(doctor::Directory::probe("stage", stage_dir));
+    }
     let found = doctor::findings(&facts);
     if args.json {
         let report = serde_json::json!({

@@ -152,7 +152,7 @@ pub fn available_bytes(path: &Path) -> Option<u64> {
 /// A directory rtrain needs, and what is known about it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Directory {
-    /// "data", "run" or "shm".
+    /// "data", "run", "shm" or "stage" (`data.stage_dir`).
     pub role: &'static str,
     pub path: PathBuf,
     pub exists: bool,
@@ -361,6 +361,14 @@ pub fn findings(facts: &Facts) -> Vec<Finding> {
                     "free space or set run.dir to a filesystem with at least {} free",
                     gib(MIN_RUN_DIR_FREE)
                 ),
+            ));
+        }
+    }
+    if let Some(stage) = facts.directory("stage") {
+        if let Some(free) = stage.available_bytes.filter(|&free| free < MIN_RUN_DIR_FREE) {
+            found.push(finding(
+                format!("only {} free for data.stage_dir {}", gib(free), stage.path.display()),
+                "point data.stage_dir at a node-local disk with room for the shard set (e.g. /tmp or $SLURM_TMPDIR)",
             ));
         }
     }
@@ -642,7 +650,17 @@ mod tests {
             Directory { role: "data", path: "/nope".into(), exists: false, available_bytes: Some(1 << 40) },
             Directory { role: "run", path: "runs".into(), exists: true, available_bytes: Some(300 << 20) },
             Directory { role: "shm", path: "/dev/shm".into(), exists: true, available_bytes: Some(64 << 20) },
+            Directory {
+                role: "stage",
+                path: "/tmp/rtrain".into(),
+                exists: false,
+                available_bytes: Some(10 << 20),
+            },
         ];
+        let found = findings(&facts);
+        assert_eq!(found.len(), 6, "{found:#?}");
+        assert!(found[4].problem.contains("data.stage_dir /tmp/rtrain"), "{found:#?}");
+        facts.directories.pop();
         let found = findings(&facts);
         let fixes: Vec<&str> = found.iter().map(|f| f.fix.as_str()).collect();
         assert_eq!(found.len(), 5, "{found:#?}");

@@ -114,6 +114,12 @@ pub fn evaluate(
     tch::no_grad(|| {
         for batch in loader {
             let batch = batch?;
+            for bad in &batch.skipped {
+                tracing::warn!("evaluation skipped an undecodable sample (data.on_bad_sample = skip): {bad}");
+            }
+            if batch.indices.is_empty() {
+                continue;
+            }
             let images = compute.input(&batch.images)?;
             let _autocast = compute.autocast()?;
             let logits = model.forward_t(&images, false);

@@ -192,9 +192,21 @@ pub fn set_threads(configured: usize, local_ranks: usize) -> i32 {
 /// The training and validation splits.
 pub type Splits = (Arc<dyn Dataset>, Arc<dyn Dataset>);
 
+/// Where the data is read from: the node-local copy when `data.stage_dir` stages a shard set
+/// (`rtrain train` makes it first), else `data.root`.
+pub fn data_root(config: &Config) -> PathBuf {
+    match &config.data.stage_dir {
+        Some(stage_dir) if config.data.root.join(crate::data::shards::MANIFEST).is_file() => {
+            crate::data::shards::staged_root(&config.data.root, stage_dir)
+        }
+        _ => config.data.root.clone(),
+    }
+}
+
 pub fn open_splits(config: &Config) -> Result<Splits, TrainError> {
-    let train = dataset::open_split(&config.data.root, &config.data.train_split)?;
-    let val = dataset::open_split(&config.data.root, &config.data.val_split)?;
+    let root = data_root(config);
+    let train = dataset::open_split(&root, &config.data.train_split)?;
+    let val = dataset::open_split(&root, &config.data.val_split)?;
     if train.classes() != val.classes() {
         return Err(TrainError::ClassMismatch {
             train: train.root().to_path_buf(),
@@ -376,10 +388,19 @@ pub fn train(
     }
     if topology.is_root() {
         let hashing = Instant::now();
-        let data = vec![
+        let mut data = vec![
             DataSplit::hash(&config.data.train_split, train_set.as_ref())?,
             DataSplit::hash(&config.data.val_split, val_set.as_ref())?,
         ];
+        if config.data.stage_dir.is_some() {
+            // A staged copy holds the same files under the same names as `data.root`; record
+            // the lasting original, which `rtrain verify` can still find after the node's
+            // local disk is wiped.
+            for split in &mut data {
+                split.root =
+                    std::fs::canonicalize(&config.data.root).unwrap_or_else(|_| config.data.root.clone());
+            }
+        }
         tracing::info!(
             "hashed {} data files in {:.1}s",
             data.iter().map(|split| split.files.len()).sum::<usize>(),

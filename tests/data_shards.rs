@@ -121,7 +121,7 @@ fn training_from_shards_equals_training_from_the_tree_also_staged_on_two_ranks()
         .assert()
         .success();
     assert_eq!(weights_sha256(&dir.path().join("run-alone")), from_shards);
-    common::rtrain(dir.path()).args(["data", "verify"]).arg(alone.join("shards")).assert().success();
+    common::rtrain(dir.path()).args(["data", "verify"]).arg(staged_copy(&alone)).assert().success();
 
     // Two ranks: the tree read in place against the shards staged to a "node-local" directory.
     let two_ranks = |root: &Path, run: &str, extra: &[String]| {
@@ -140,11 +140,14 @@ fn training_from_shards_equals_training_from_the_tree_also_staged_on_two_ranks()
     let staged =
         two_ranks(&shards, "run-staged", &["--set".into(), format!("data.stage_dir={}", local.display())]);
     assert_eq!(two_ranks(&data, "run-tree-2", &[]), staged);
-    common::rtrain(dir.path()).args(["data", "verify"]).arg(local.join("shards")).assert().success();
+    common::rtrain(dir.path()).args(["data", "verify"]).arg(staged_copy(&local)).assert().success();
+    // The run records the lasting original, so `rtrain verify` works after the copy is gone.
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("run-staged/manifest.json")).unwrap()).unwrap();
     let recorded = manifest["data"][0]["root"].as_str().unwrap_or_default().to_string();
-    assert!(recorded.ends_with("local/shards"), "the run records the staged copy it read: {recorded}");
+    assert_eq!(Path::new(&recorded), shards.canonicalize().unwrap());
+    std::fs::remove_dir_all(&local).unwrap();
+    common::rtrain(dir.path()).arg("verify").arg(dir.path().join("run-staged")).assert().success();
 
     // A run directory that is the shard directory would overwrite its manifest: refused.
     let output = common::rtrain(dir.path())
@@ -182,7 +185,16 @@ fn a_damaged_source_shard_fails_the_staging_job_promptly_naming_it() {
     assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains(&victim) && stderr.contains("staging data on node 0"), "{stderr}");
-    assert!(!dir.path().join("local/shards").join(&victim).exists());
+    let local = dir.path().join("local");
+    assert!(!local.exists() || !staged_copy(&local).join(&victim).exists());
+}
+
+/// The one staged copy under a `data.stage_dir` (named after the shard folder plus a hash).
+fn staged_copy(stage_dir: &Path) -> std::path::PathBuf {
+    let copies: Vec<_> = std::fs::read_dir(stage_dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert!(copies[0].file_name().unwrap().to_string_lossy().starts_with("shards-"), "{copies:?}");
+    copies[0].clone()
 }
 
 #[test]

@@ -74,6 +74,16 @@ impl ShardManifest {
         if manifest.format != FORMAT {
             return Err(ShardError::NotShards { path, format: manifest.format });
         }
+        // Shard names are joined to directories we read and write: a name that is not one plain
+        // file name ("../x", "/etc/x") would reach outside them.
+        for shard in manifest.all_shards() {
+            let mut components = Path::new(&shard.name).components();
+            let plain = matches!(components.next(), Some(std::path::Component::Normal(_)))
+                && components.next().is_none();
+            if !plain {
+                return Err(ShardError::BadName { path, name: shard.name.clone() });
+            }
+        }
         Ok(manifest)
     }
 
@@ -97,6 +107,10 @@ pub enum ShardError {
     ClassMismatch { src: PathBuf, split: String, found: Vec<String>, expected: Vec<String> },
     #[error("{}: {problem}", shard.display())]
     BadShard { shard: PathBuf, problem: String },
+    #[error("{}: shard name {name:?} is not a plain file name", path.display())]
+    BadName { path: PathBuf, name: String },
+    #[error("invalid prepare option: {0}")]
+    Options(String),
     #[error("copying {} to {}: sha256 {actual}, but the manifest says {expected}", src.display(), dest.display())]
     CopyMismatch { src: PathBuf, dest: PathBuf, expected: String, actual: String },
     #[error(transparent)]
@@ -198,6 +212,14 @@ fn member_bytes(len: usize) -> u64 {
 /// Converts the image tree at `src` into shards and a manifest at `out`, atomically: `out` appears
 /// complete or not at all. `out` must not exist (or be an empty directory).
 pub fn prepare(src: &Path, out: &Path, options: &PrepareOptions) -> Result<ShardManifest, ShardError> {
+    if options.resize == Some(0) {
+        return Err(ShardError::Options("--resize must be at least 1".into()));
+    }
+    // A split name becomes part of shard names and sample keys, which WebDataset splits at the
+    // first dot.
+    if let Some(bad) = options.splits.iter().find(|s| s.is_empty() || s.contains(['.', '/', '\\'])) {
+        return Err(ShardError::Options(format!("split name {bad:?} must be non-empty, without '.' or '/'")));
+    }
     atomic_dir::ensure_free(out)?;
     let staging = atomic_dir::staging_dir(out, ".shards-")?;
     let mut manifest = ShardManifest {
@@ -259,7 +281,8 @@ pub fn prepare(src: &Path, out: &Path, options: &PrepareOptions) -> Result<Shard
     }
     let manifest_path = staging.path().join(MANIFEST);
     let text = serde_json::to_vec_pretty(&manifest).expect("the manifest serialises");
-    fs::write(&manifest_path, text).map_err(io_err(&manifest_path))?;
+    let mut file = File::create(&manifest_path).map_err(io_err(&manifest_path))?;
+    file.write_all(&text).and_then(|()| file.sync_all()).map_err(io_err(&manifest_path))?;
     atomic_dir::publish(staging, out)?;
     Ok(manifest)
 }
@@ -350,6 +373,15 @@ pub struct StageReport {
     pub bytes_copied: u64,
 }
 
+/// Where `data.stage_dir` puts the shard set at `root`: a folder named after it plus a short hash
+/// of its absolute path, so two data sets with the same folder name never share a copy.
+pub fn staged_root(root: &Path, stage_dir: &Path) -> PathBuf {
+    let absolute = fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+    let name = absolute.file_name().map_or_else(|| "data".into(), |n| n.to_string_lossy().into_owned());
+    let digest = hex::encode(Sha256::digest(absolute.as_os_str().as_encoded_bytes()));
+    stage_dir.join(format!("{name}-{}", &digest[..8]))
+}
+
 /// Copies the shard set at `src` to `dest` (created if needed): each shard not already there
 /// with the manifest's size and sha256 is copied to a temporary name while hashed, checked,
 /// synced and renamed into place; the manifest is written last, so `dest` is a usable shard set
@@ -358,6 +390,11 @@ pub struct StageReport {
 pub fn stage(src: &Path, dest: &Path) -> Result<StageReport, ShardError> {
     let manifest = ShardManifest::read(src)?;
     fs::create_dir_all(dest).map_err(io_err(dest))?;
+    // An earlier staging's manifest must not vouch for a half-replaced set if this one fails.
+    match fs::remove_file(dest.join(MANIFEST)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_err(&dest.join(MANIFEST))(e)),
+        _ => {}
+    }
     let mut report = StageReport::default();
     for shard in manifest.all_shards() {
         let target = dest.join(&shard.name);
@@ -374,7 +411,10 @@ pub fn stage(src: &Path, dest: &Path) -> Result<StageReport, ShardError> {
             .suffix(".partial")
             .tempfile_in(dest)
             .map_err(io_err(dest))?;
-        let (sha256, bytes) = copy_hashing(&mut from, partial.as_file_mut()).map_err(io_err(&target))?;
+        // Read and write failures are told apart only by the error; name both ends.
+        let (sha256, bytes) = copy_hashing(&mut from, partial.as_file_mut()).map_err(|e| {
+            io_err(&source_path)(io::Error::new(e.kind(), format!("copying to {}: {e}", target.display())))
+        })?;
         if sha256 != shard.sha256 {
             return Err(ShardError::CopyMismatch {
                 src: source_path,
@@ -657,6 +697,11 @@ mod tests {
         fs::write(out.join(&name), bytes).unwrap();
         let err = stage(&out, &fresh).unwrap_err();
         assert!(matches!(err, ShardError::CopyMismatch { .. }), "{err}");
+        // Over an earlier complete copy whose shard must be copied again, a failed staging
+        // withdraws that copy's manifest.
+        fs::write(local.join(&name), b"junk").unwrap();
+        assert!(stage(&out, &local).is_err());
+        assert!(!local.join(MANIFEST).exists());
         assert!(err.to_string().contains(&name), "{err}");
         assert!(!fresh.join(&name).exists());
         assert!(!fresh.join(MANIFEST).exists(), "a partly staged set must not look complete");
@@ -682,6 +727,43 @@ mod tests {
         }
         let err = prepare(&dir.path().join("src"), &out, &options).unwrap_err();
         assert!(matches!(err, ShardError::Output(AtomicDirError::OutputExists { .. })), "{err}");
+        for bad in [
+            PrepareOptions { resize: Some(0), ..PrepareOptions::default() },
+            PrepareOptions { splits: vec!["train".into(), "val.small".into()], ..PrepareOptions::default() },
+            PrepareOptions { splits: vec!["a/b".into()], ..PrepareOptions::default() },
+        ] {
+            let err = prepare(&dir.path().join("src"), &dir.path().join("other"), &bad).unwrap_err();
+            assert!(matches!(err, ShardError::Options(_)), "{err}");
+        }
+        assert!(!dir.path().join("other").exists());
+    }
+
+    #[test]
+    fn manifest_shard_names_must_be_plain_file_names() {
+        let dir = tempfile::tempdir().unwrap();
+        make_tree(&dir.path().join("src"), 2);
+        let out = dir.path().join("shards");
+        prepare(&dir.path().join("src"), &out, &PrepareOptions::default()).unwrap();
+        let text = fs::read_to_string(out.join(MANIFEST)).unwrap();
+        for evil in ["../../outside.tar", "/etc/passwd", "a/b.tar"] {
+            fs::write(out.join(MANIFEST), text.replace("train-000000.tar", evil)).unwrap();
+            let err = ShardManifest::read(&out).unwrap_err();
+            assert!(matches!(err, ShardError::BadName { .. }), "{evil}: {err}");
+            assert!(stage(&out, &dir.path().join("dest")).is_err());
+        }
+    }
+
+    #[test]
+    fn staged_copies_of_same_named_sets_do_not_collide() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("a/shards")).unwrap();
+        fs::create_dir_all(dir.path().join("b/shards")).unwrap();
+        let stage_dir = Path::new("/tmp/rtrain");
+        let a = staged_root(&dir.path().join("a/shards"), stage_dir);
+        let b = staged_root(&dir.path().join("b/shards"), stage_dir);
+        assert_ne!(a, b);
+        assert!(a.file_name().unwrap().to_string_lossy().starts_with("shards-"));
+        assert_eq!(a, staged_root(&dir.path().join("a/../a/shards"), stage_dir), "same set, same copy");
     }
 
     #[test]
