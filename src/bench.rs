@@ -118,16 +118,9 @@ pub fn bench_loader(options: &LoaderBench) -> Result<LoaderBenchResult, BenchErr
         seconds,
         images_per_second,
         images_per_second_per_core: images_per_second / options.workers.max(1) as f64,
-        peak_rss_mib: crate::train::peak_rss_mib(),
-        rss_anon_mib: proc_status_mib("RssAnon:"),
+        peak_rss_mib: crate::memory::peak_rss_mib(),
+        rss_anon_mib: crate::memory::anon_rss_mib(),
     })
-}
-
-/// A memory line of /proc/self/status, in MiB.
-fn proc_status_mib(key: &str) -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kib: f64 = status.lines().find(|l| l.starts_with(key))?.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
 }
 
 #[derive(Debug, Clone)]

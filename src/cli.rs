@@ -371,6 +371,15 @@ pub enum BenchPrecision {
     Bf16,
 }
 
+impl From<BenchPrecision> for Precision {
+    fn from(precision: BenchPrecision) -> Precision {
+        match precision {
+            BenchPrecision::Fp32 => Precision::Fp32,
+            BenchPrecision::Bf16 => Precision::Bf16,
+        }
+    }
+}
+
 fn parse_arch(name: &str) -> Result<Arch, String> {
     Arch::parse(name).ok_or_else(|| {
         format!("unknown architecture {name:?} (resnet18, resnet34, resnet50, resnet101, resnet152)")
@@ -410,11 +419,7 @@ pub fn run(cli: Cli) -> Result<()> {
             cmd_bench_allreduce(&arch, &bucket_mb, &options)
         }
         Command::Bench(BenchCommand::Peak { threads, size, precision, repeats, json }) => {
-            let precision = match precision {
-                BenchPrecision::Fp32 => Precision::Fp32,
-                BenchPrecision::Bf16 => Precision::Bf16,
-            };
-            let result = bench::bench_peak(threads, size, precision, repeats)?;
+            let result = bench::bench_peak(threads, size, precision.into(), repeats)?;
             if json {
                 println!("{}", serde_json::to_string(&result)?);
             } else {
@@ -466,10 +471,7 @@ pub fn run(cli: Cli) -> Result<()> {
             channels_last,
             json,
         }) => {
-            let precision = match precision {
-                BenchPrecision::Fp32 => Precision::Fp32,
-                BenchPrecision::Bf16 => Precision::Bf16,
-            };
+            let precision = Precision::from(precision);
             let compute = Compute { precision, channels_last, device: Device::Cpu };
             let options = StepBench { arch, image_size, batch_size, threads, warmup, steps, compute };
             let result = bench::bench_step(&options)?;

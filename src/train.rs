@@ -502,7 +502,7 @@ pub fn train(
         } else {
             0.0
         },
-        peak_rss_mib: peak_rss_mib(),
+        peak_rss_mib: crate::memory::peak_rss_mib(),
         threads,
         world_size: topology.world_size,
         nodes: topology.nodes,
@@ -937,12 +937,4 @@ pub fn weights_digest(model: &Model) -> String {
         }
     }
     hex::encode(hasher.finalize())
-}
-
-/// Peak resident memory of this process (VmHWM), where /proc has it.
-pub fn peak_rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
 }
