@@ -42,9 +42,15 @@ fn main() {
     }
 }
 
-/// The commit being built, `-dirty` with uncommitted changes, for run manifests; "unknown"
-/// outside a git checkout (e.g. a container build that copies no .git).
+/// The commit being built, `-dirty` with uncommitted changes, for run manifests; the
+/// `RTRAIN_GIT_REVISION_OVERRIDE` variable when set; "unknown" outside a git checkout (e.g. a
+/// container build that copies no .git).
 fn git_revision() -> String {
+    println!("cargo:rerun-if-env-changed=RTRAIN_GIT_REVISION_OVERRIDE");
+    if let Ok(revision) = std::env::var("RTRAIN_GIT_REVISION_OVERRIDE") {
+        // A copy of the source without .git (scripts/build-gpu-binary) says where it came from.
+        return revision;
+    }
     for path in [".git/HEAD", ".git/index"] {
         if std::path::Path::new(path).exists() {
             println!("cargo:rerun-if-changed={path}");

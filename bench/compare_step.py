@@ -10,21 +10,24 @@ rtrain / PyTorch. Run from the repository root after `scripts/setup --test` and
 Each model and size runs in four modes: fp32 and bf16 autocast, each NCHW and channels-last.
 The last column compares rtrain's best mode with PyTorch's best mode. The limit: the step's
 floating-point rate (src/flops.rs counts the work) as a share of this CPU's attainable rate,
-measured with large matrix products through the same libtorch (`rtrain bench peak`).
+measured with large matrix products through the same libtorch (`rtrain bench peak`). Peak
+memory is each process's largest resident set, measured from outside (bench/measure.py).
 """
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+import measure
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(command):
-    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    """The command's last JSON line, with its peak resident memory added as `peak_mib`."""
+    out, peak_mib = measure.run(command)
+    return {**json.loads(out.strip().splitlines()[-1]), "peak_mib": peak_mib}
 
 
 def main():
@@ -35,6 +38,7 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before the timed ones")
     parser.add_argument("--modes", nargs="+", default=["fp32", "fp32-cl", "bf16", "bf16-cl"],
                         help="precision, with -cl for channels-last")
     parser.add_argument("--rtrain", default=str(ROOT / "target/release/rtrain"))
@@ -50,27 +54,32 @@ def main():
             for mode in args.modes:
                 precision, _, layout = mode.partition("-")
                 common = ["--arch", arch, "--image-size", str(size), "--batch-size", str(args.batch_size),
-                          "--threads", str(args.threads), "--steps", str(args.steps), "--precision", precision]
+                          "--threads", str(args.threads), "--warmup", str(args.warmup), "--steps", str(args.steps),
+                          "--precision", precision]
                 if layout == "cl":
                     common.append("--channels-last")
-                ours, theirs = [], []
+                ours, theirs, memory = [], [], ([], [])
                 for _ in range(args.repeats):
                     result = run([args.rtrain, "bench", "step", "--json", *common])
                     flop_per_step[(arch, size)] = result["gflop_per_step"]
                     ours.append(result["images_per_second"])
-                    theirs.append(run([sys.executable, str(ROOT / "bench/step_reference.py"), *common])
-                                  ["images_per_second"])
-                rows.append((arch, size, mode, ours, theirs))
+                    memory[0].append(result["peak_mib"])
+                    result = run([sys.executable, str(ROOT / "bench/step_reference.py"), *common])
+                    theirs.append(result["images_per_second"])
+                    memory[1].append(result["peak_mib"])
+                rows.append((arch, size, mode, ours, theirs, memory))
                 print(f"{arch} @{size} {mode}: rtrain {[round(x, 1) for x in ours]} "
                       f"pytorch {[round(x, 1) for x in theirs]}", file=sys.stderr)
 
     print(f"\ntraining step, batch {args.batch_size}, {args.threads} threads, {args.repeats} alternating runs "
           f"x {args.steps} timed steps; img/s median (min-max)")
-    print(f"{'model':<10} {'size':>4} {'mode':<8} {'rtrain':>22} {'pytorch':>22} {'ratio':>6}")
-    fmt = lambda xs: f"{statistics.median(xs):7.1f} ({min(xs):.1f}-{max(xs):.1f})"
-    for arch, size, mode, ours, theirs in rows:
+    print(f"{'model':<10} {'size':>4} {'mode':<8} {'rtrain':>22} {'pytorch':>22} {'ratio':>6} "
+          f"{'peak MiB rtrain/pt':>19}")
+    fmt = lambda xs: f"{statistics.median(xs):7.1f} ({min(xs):.1f}-{max(xs):.1f})"  # noqa: E731
+    for arch, size, mode, ours, theirs, memory in rows:
         ratio = statistics.median(ours) / statistics.median(theirs)
-        print(f"{arch:<10} {size:>4} {mode:<8} {fmt(ours):>22} {fmt(theirs):>22} {ratio:6.2f}x")
+        peaks = f"{statistics.median(memory[0]):.0f} / {statistics.median(memory[1]):.0f}"
+        print(f"{arch:<10} {size:>4} {mode:<8} {fmt(ours):>22} {fmt(theirs):>22} {ratio:6.2f}x {peaks:>19}")
     for arch in args.archs:
         for size in args.sizes:
             group = [r for r in rows if r[0] == arch and r[1] == size]

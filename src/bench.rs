@@ -97,6 +97,9 @@ pub fn bench_loader(options: &LoaderBench) -> Result<LoaderBenchResult, BenchErr
         prefetch: options.prefetch,
         drop_last: true,
         skip_bad_samples: false,
+        // The loader alone, with nothing to yield to.
+        low_priority: false,
+        pin_for: None,
     };
     let mut batches = loader::Loader::new(data, order, transform, 0, 0, 0, loader_options);
     if let Some(first) = batches.next() {
@@ -143,6 +146,7 @@ pub struct StepBenchResult {
     pub threads: i32,
     pub precision: String,
     pub channels_last: bool,
+    pub device: String,
     pub step_seconds: Vec<f64>,
     pub median_step_seconds: f64,
     pub images_per_second: f64,
@@ -166,12 +170,14 @@ pub fn bench_step(options: &StepBench) -> Result<StepBenchResult, BenchError> {
     let threads = crate::train::set_threads(options.threads, 1);
     tch::manual_seed(0);
     let num_classes = 10;
-    let model = Model::new(options.arch, num_classes, Device::Cpu)?;
+    let device = options.compute.device;
+    crate::device::prepare(device, false);
+    let model = Model::new(options.arch, num_classes, device)?;
     crate::train::prepare_model(&model, &options.compute)?;
     let mut optimizer = Optimizer::new(&Config::default().optim, model.trainable());
     let size = [options.batch_size, 3, options.image_size, options.image_size];
     let images = options.compute.input(&Tensor::f_randn(size, (Kind::Float, Device::Cpu))?)?;
-    let labels = Tensor::f_randint(num_classes as i64, [options.batch_size], (Kind::Int64, Device::Cpu))?;
+    let labels = Tensor::f_randint(num_classes as i64, [options.batch_size], (Kind::Int64, device))?;
     let mut step_seconds = Vec::with_capacity(options.steps);
     for i in 0..options.warmup + options.steps {
         let started = Instant::now();
@@ -183,6 +189,7 @@ pub fn bench_step(options: &StepBench) -> Result<StepBenchResult, BenchError> {
         };
         loss.f_backward()?;
         optimizer.step(0.01)?;
+        synchronize(device);
         if i >= options.warmup {
             step_seconds.push(started.elapsed().as_secs_f64());
         }
@@ -202,6 +209,7 @@ pub fn bench_step(options: &StepBench) -> Result<StepBenchResult, BenchError> {
         threads,
         precision: options.compute.precision.to_string(),
         channels_last: options.compute.channels_last,
+        device: format!("{device:?}"),
         images_per_second: options.batch_size as f64 / median_step_seconds,
         median_step_seconds,
         step_seconds,
@@ -210,8 +218,109 @@ pub fn bench_step(options: &StepBench) -> Result<StepBenchResult, BenchError> {
     })
 }
 
+/// Waits for a GPU's queued work, so that a timer measures it; nothing to wait for on the CPU.
+fn synchronize(device: Device) {
+    if let Device::Cuda(index) = device {
+        tch::Cuda::synchronize(index as i64);
+    }
+}
+
+/// How far one training step on another device (or in another precision or memory format)
+/// lands from the reference computation, from the same weights and batch.
+#[derive(Debug, Clone, Serialize)]
+pub struct AgreeResult {
+    pub arch: String,
+    pub reference: String,
+    pub other: String,
+    pub loss_reference: f64,
+    pub loss_other: f64,
+    /// |loss_other - loss_reference| / |loss_reference|.
+    pub loss_relative_difference: f64,
+    pub logits_max_abs_difference: f64,
+    /// How differently the step moved the weights: ||Δw_other - Δw_reference|| / ||Δw_reference||
+    /// over all trainable weights together (Δw: updated minus initial).
+    pub update_relative_difference: f64,
+}
+
+/// A step's loss, logits and updated weights, on the CPU.
+type StepOutcome = (f64, Tensor, Vec<(String, Tensor)>);
+
+/// One training step (forward in train mode, cross-entropy, backward, SGD) computed as
+/// `reference` and as `other`, starting from the same weights and batch: the check that a GPU
+/// (or bf16, or channels-last) computes what the CPU does.
+pub fn bench_agree(
+    arch: Arch,
+    image_size: i64,
+    batch_size: i64,
+    reference: Compute,
+    other: Compute,
+) -> Result<AgreeResult, BenchError> {
+    let num_classes = 10;
+    tch::manual_seed(0);
+    let images = Tensor::f_randn([batch_size, 3, image_size, image_size], (Kind::Float, Device::Cpu))?;
+    let labels = Tensor::f_randint(num_classes as i64, [batch_size], (Kind::Int64, Device::Cpu))?;
+    let initial = Model::new(arch, num_classes, Device::Cpu)?.state_dict();
+    let trainable_initial: Vec<Tensor> = Model::new(arch, num_classes, Device::Cpu)?
+        .trainable()
+        .into_iter()
+        .map(|(name, _)| initial[&name].detach().contiguous())
+        .collect();
+    let step = |compute: &Compute| -> Result<StepOutcome, BenchError> {
+        let model = Model::new(arch, num_classes, compute.device)?;
+        tch::no_grad(|| {
+            for (name, tensor) in model.state_dict() {
+                if let Some(source) = initial.get(&name) {
+                    tensor.shallow_clone().copy_(source);
+                }
+            }
+        });
+        crate::train::prepare_model(&model, compute)?;
+        let mut optimizer = Optimizer::new(&Config::default().optim, model.trainable());
+        optimizer.zero_grad();
+        let logits = {
+            let input = compute.input(&images)?;
+            let _autocast = compute.autocast()?;
+            model.forward_t(&input, true)
+        };
+        let loss = logits.to_kind(Kind::Float).f_cross_entropy_loss::<Tensor>(
+            &compute.labels(&labels),
+            None,
+            Reduction::Mean,
+            -100,
+            0.0,
+        )?;
+        loss.f_backward()?;
+        optimizer.step(0.01)?;
+        let weights = model
+            .trainable()
+            .into_iter()
+            .map(|(name, w)| (name, w.detach().to_device(Device::Cpu).contiguous()))
+            .collect();
+        Ok((loss.f_double_value(&[])?, logits.detach().to_device(Device::Cpu).to_kind(Kind::Float), weights))
+    };
+    let (loss_reference, logits_reference, weights_reference) = step(&reference)?;
+    let (loss_other, logits_other, weights_other) = step(&other)?;
+    let (mut difference, mut update) = (0.0f64, 0.0f64);
+    for ((start, (_, a)), (_, b)) in trainable_initial.iter().zip(&weights_reference).zip(&weights_other) {
+        let squared = |t: Tensor| t.square().sum(Kind::Double).double_value(&[]);
+        difference += squared(b - a);
+        update += squared(a - start);
+    }
+    Ok(AgreeResult {
+        arch: arch.to_string(),
+        reference: reference.to_string(),
+        other: other.to_string(),
+        loss_reference,
+        loss_other,
+        loss_relative_difference: (loss_other - loss_reference).abs() / loss_reference.abs().max(1e-12),
+        logits_max_abs_difference: (logits_other - logits_reference).abs().max().double_value(&[]),
+        update_relative_difference: (difference / update.max(1e-30)).sqrt(),
+    })
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct PeakBenchResult {
+    pub device: String,
     pub threads: i32,
     pub precision: String,
     pub matrix_side: i64,
@@ -223,6 +332,7 @@ pub struct PeakBenchResult {
 /// best case for any BLAS), timed `repeats` times after one warm-up.
 pub fn bench_peak(
     threads: usize,
+    device: Device,
     side: i64,
     precision: crate::precision::Precision,
     repeats: usize,
@@ -232,8 +342,8 @@ pub fn bench_peak(
         crate::precision::Precision::Bf16 => Kind::BFloat16,
         _ => Kind::Float,
     };
-    let a = Tensor::f_randn([side, side], (kind, Device::Cpu))?;
-    let b = Tensor::f_randn([side, side], (kind, Device::Cpu))?;
+    let a = Tensor::f_randn([side, side], (kind, device))?;
+    let b = Tensor::f_randn([side, side], (kind, device))?;
     let mut gflops = Vec::with_capacity(repeats);
     for i in 0..=repeats {
         let started = Instant::now();
@@ -241,12 +351,14 @@ pub fn bench_peak(
         // Touch the result so the product is not left lazily unfinished (it is not, on CPU,
         // but this keeps the timing honest if that ever changes).
         let _ = c.f_sum(Kind::Float)?.f_double_value(&[])?;
+        synchronize(device);
         let seconds = started.elapsed().as_secs_f64();
         if i > 0 {
             gflops.push(2.0 * (side as f64).powi(3) / seconds / 1e9);
         }
     }
     Ok(PeakBenchResult {
+        device: format!("{device:?}"),
         threads,
         precision: precision.to_string(),
         matrix_side: side,
@@ -328,7 +440,24 @@ pub fn bench_allreduce(
 
 #[cfg(test)]
 mod tests {
-    use super::median;
+    use super::*;
+    use crate::precision::Precision;
+
+    #[test]
+    fn agree_finds_no_difference_in_the_same_computation_and_a_real_one_in_bf16() {
+        let fp32 = Compute { precision: Precision::Fp32, channels_last: false, device: Device::Cpu };
+        let same = bench_agree(Arch::Resnet18, 64, 8, fp32, fp32).unwrap();
+        assert!(same.loss_reference.is_finite() && same.loss_reference > 0.0);
+        assert_eq!(same.loss_reference, same.loss_other);
+        assert_eq!((same.logits_max_abs_difference, same.update_relative_difference), (0.0, 0.0));
+        // bf16 keeps 8 bits of mantissa: the step lands measurably elsewhere (so the check that
+        // a GPU agrees with the CPU can fail), but it is still the same step.
+        let bf16 =
+            bench_agree(Arch::Resnet18, 64, 8, fp32, Compute { precision: Precision::Bf16, ..fp32 }).unwrap();
+        assert!(bf16.logits_max_abs_difference > 1e-3, "{bf16:?}");
+        assert!(bf16.loss_relative_difference > 1e-5 && bf16.loss_relative_difference < 0.05, "{bf16:?}");
+        assert!(bf16.update_relative_difference > 1e-3 && bf16.update_relative_difference < 0.5, "{bf16:?}");
+    }
 
     #[test]
     fn median_of_odd_and_even() {

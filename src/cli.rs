@@ -301,13 +301,40 @@ pub enum BenchCommand {
         /// Channels-last (NHWC) input and convolution weights.
         #[arg(long)]
         channels_last: bool,
+        /// cpu, cuda or cuda:N.
+        #[arg(long, default_value = "cpu", value_parser = parse_device)]
+        device: Device,
         #[arg(long)]
         json: bool,
     },
-    /// This CPU's attainable GFLOP/s through libtorch (square matrix products).
+    /// One training step on the CPU and on DEVICE from the same weights and batch: how far the
+    /// loss, logits and updated weights differ (fp32; a GPU's TF32 convolutions differ a little).
+    Agree {
+        #[arg(long, default_value = "resnet18", value_parser = parse_arch)]
+        arch: Arch,
+        #[arg(long, default_value_t = 64)]
+        image_size: i64,
+        #[arg(long, default_value_t = 8)]
+        batch_size: i64,
+        /// cpu, cuda or cuda:N.
+        #[arg(long, default_value = "cuda", value_parser = parse_device)]
+        device: Device,
+        /// Largest relative difference of the loss accepted.
+        #[arg(long, default_value_t = 1e-3)]
+        loss_tolerance: f64,
+        /// Largest relative difference of the weight update accepted.
+        #[arg(long, default_value_t = 5e-2)]
+        update_tolerance: f64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The attainable GFLOP/s through libtorch (square matrix products), on the CPU or a GPU.
     Peak {
         #[arg(long, default_value_t = 0)]
         threads: usize,
+        /// cpu, cuda or cuda:N.
+        #[arg(long, default_value = "cpu", value_parser = parse_device)]
+        device: Device,
         #[arg(long, default_value_t = 2048)]
         size: i64,
         #[arg(long, value_enum, default_value_t = BenchPrecision::Fp32)]
@@ -380,6 +407,10 @@ impl From<BenchPrecision> for Precision {
     }
 }
 
+fn parse_device(name: &str) -> Result<Device, String> {
+    crate::device::parse(name)
+}
+
 fn parse_arch(name: &str) -> Result<Arch, String> {
     Arch::parse(name).ok_or_else(|| {
         format!("unknown architecture {name:?} (resnet18, resnet34, resnet50, resnet101, resnet152)")
@@ -418,14 +449,14 @@ pub fn run(cli: Cli) -> Result<()> {
             let options = AllreduceOptions { warmup, iterations, link_gbit, algorithm, blocking, json };
             cmd_bench_allreduce(&arch, &bucket_mb, &options)
         }
-        Command::Bench(BenchCommand::Peak { threads, size, precision, repeats, json }) => {
-            let result = bench::bench_peak(threads, size, precision.into(), repeats)?;
+        Command::Bench(BenchCommand::Peak { threads, device, size, precision, repeats, json }) => {
+            let result = bench::bench_peak(threads, device, size, precision.into(), repeats)?;
             if json {
                 println!("{}", serde_json::to_string(&result)?);
             } else {
                 println!(
-                    "{size}x{size} {} matrix product, {} threads: {:.1} GFLOP/s (median of {repeats})",
-                    result.precision, result.threads, result.median_gflops
+                    "{size}x{size} {} matrix product on {}, {} threads: {:.1} GFLOP/s (median of {repeats})",
+                    result.precision, result.device, result.threads, result.median_gflops
                 );
             }
             Ok(())
@@ -469,10 +500,11 @@ pub fn run(cli: Cli) -> Result<()> {
             steps,
             precision,
             channels_last,
+            device,
             json,
         }) => {
             let precision = Precision::from(precision);
-            let compute = Compute { precision, channels_last, device: Device::Cpu };
+            let compute = Compute { precision, channels_last, device };
             let options = StepBench { arch, image_size, batch_size, threads, warmup, steps, compute };
             let result = bench::bench_step(&options)?;
             if json {
@@ -491,6 +523,48 @@ pub fn run(cli: Cli) -> Result<()> {
                     steps,
                     result.gflop_per_step,
                     result.gflops
+                );
+            }
+            Ok(())
+        }
+        Command::Bench(BenchCommand::Agree {
+            arch,
+            image_size,
+            batch_size,
+            device,
+            loss_tolerance,
+            update_tolerance,
+            json,
+        }) => {
+            let reference = Compute { precision: Precision::Fp32, channels_last: false, device: Device::Cpu };
+            let result =
+                bench::bench_agree(arch, image_size, batch_size, reference, Compute { device, ..reference })?;
+            let agree = result.loss_relative_difference <= loss_tolerance
+                && result.update_relative_difference <= update_tolerance;
+            if json {
+                let report = serde_json::json!({
+                    "result": result,
+                    "loss_tolerance": loss_tolerance,
+                    "update_tolerance": update_tolerance,
+                    "agree": agree,
+                });
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                println!(
+                    "{arch} one step, cpu vs {device:?}: loss {:.6} vs {:.6} (relative {:.1e}), logits max |diff| {:.1e}, weight update relative {:.1e}: {}",
+                    result.loss_reference,
+                    result.loss_other,
+                    result.loss_relative_difference,
+                    result.logits_max_abs_difference,
+                    result.update_relative_difference,
+                    if agree { "agree" } else { "DIFFER" }
+                );
+            }
+            if !agree {
+                bail!(
+                    "{device:?} and the CPU differ after one step: loss {:.1e} (tolerance {loss_tolerance:.0e}), weight update {:.1e} (tolerance {update_tolerance:.0e})",
+                    result.loss_relative_difference,
+                    result.update_relative_difference
                 );
             }
             Ok(())
@@ -810,9 +884,15 @@ fn load_checkpoint_model(path: &Path) -> Result<(Model, checkpoint::CheckpointMe
 
 fn cmd_eval(args: EvalArgs) -> Result<()> {
     let config = args.config.load()?.config;
-    train::set_threads(config.train.threads, 1);
+    let threads = train::set_threads(config.train.threads, 1);
     let (model, meta) = load_checkpoint_model(&args.checkpoint)?;
     let (compute, _) = train::compute_for(&config, Device::Cpu);
+    let workers = train::loader_workers(
+        config.data.workers,
+        compute.device,
+        threads.unsigned_abs() as usize,
+        train::core_share(1),
+    );
     train::prepare_model(&model, &compute)?;
     let dataset = dataset::open_split(&config.data.root, &config.data.val_split)?;
     if dataset.classes() != meta.classes {
@@ -827,7 +907,7 @@ fn cmd_eval(args: EvalArgs) -> Result<()> {
         &model,
         dataset,
         train::eval_transform(&config),
-        train::loader_options(&config, config.eval_batch_size()),
+        train::loader_options(&config, config.eval_batch_size(), &compute, workers),
         &compute,
         dist::single().as_ref(),
     )?;
@@ -902,6 +982,9 @@ fn cmd_doctor(args: DoctorArgs) -> Result<()> {
         available: tch::Cuda::is_available(),
         devices: usize::try_from(tch::Cuda::device_count()).unwrap_or(0),
         cudnn: tch::Cuda::cudnn_is_available(),
+        nccl: dist::nccl::NcclLibrary::load()
+            .map(|nccl| format!("NCCL {}", nccl.version_string()))
+            .map_err(|err| err.to_string()),
     };
     // Under a launcher, join the job to show what MPI says (the communicator is the truth); a
     // failure to join is a finding, not the end of the report.

@@ -16,6 +16,7 @@ use figment::{Figment, Metadata, Profile, Provider};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::device::DeviceSetting;
 use crate::dist::AllreduceAlgorithm;
 use crate::model::Arch;
 use crate::precision::PrecisionSetting;
@@ -98,8 +99,9 @@ pub struct DataConfig {
     pub batch_size: usize,
     /// 0 means batch_size.
     pub eval_batch_size: usize,
-    /// Decode/augment threads; 0 decodes on the training thread.
-    pub workers: usize,
+    /// Decode/augment threads; 0 decodes on the training thread; "auto" picks by device
+    /// (`train::loader_workers`).
+    pub workers: Workers,
     /// Batches prepared ahead per worker.
     pub prefetch: usize,
     /// RandomResizedCrop area range, as torchvision's `scale`.
@@ -172,6 +174,45 @@ pub struct ScheduleConfig {
     pub gamma: f64,
 }
 
+/// `data.workers`: a number of loader threads, or `"auto"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "WorkersValue", into = "WorkersValue")]
+pub enum Workers {
+    Auto,
+    Count(usize),
+}
+
+/// How `data.workers` is written: an integer or a string.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+enum WorkersValue {
+    Count(usize),
+    Name(String),
+}
+
+impl TryFrom<WorkersValue> for Workers {
+    type Error = String;
+
+    fn try_from(value: WorkersValue) -> Result<Workers, String> {
+        match value {
+            WorkersValue::Count(n) => Ok(Workers::Count(n)),
+            WorkersValue::Name(name) if name == "auto" => Ok(Workers::Auto),
+            WorkersValue::Name(name) => {
+                Err(format!("expected \"auto\" or a number of threads, found {name:?}"))
+            }
+        }
+    }
+}
+
+impl From<Workers> for WorkersValue {
+    fn from(workers: Workers) -> WorkersValue {
+        match workers {
+            Workers::Auto => WorkersValue::Name("auto".to_string()),
+            Workers::Count(n) => WorkersValue::Count(n),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
@@ -187,6 +228,8 @@ pub struct TrainConfig {
     pub precision: PrecisionSetting,
     /// Channels-last (NHWC) activations and convolution weights.
     pub channels_last: bool,
+    /// auto (this rank's GPU when it sees one, else the CPU), cpu or cuda.
+    pub device: DeviceSetting,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -251,7 +294,7 @@ impl Default for DataConfig {
             eval_resize: 0,
             batch_size: 32,
             eval_batch_size: 0,
-            workers: 2,
+            workers: Workers::Auto,
             prefetch: 2,
             scale: [0.35, 1.0],
             ratio: [3.0 / 4.0, 4.0 / 3.0],
@@ -310,6 +353,7 @@ impl Default for TrainConfig {
             max_steps_per_epoch: 0,
             precision: PrecisionSetting::Auto,
             channels_last: true,
+            device: DeviceSetting::Auto,
         }
     }
 }
@@ -552,6 +596,16 @@ mod tests {
         let loaded = load_with("", &["model.arch=resnet50", "data.scale=[0.5, 1.0]"]).unwrap();
         assert_eq!(loaded.config.model.arch, Arch::Resnet50);
         assert_eq!(loaded.config.data.scale, [0.5, 1.0]);
+    }
+
+    #[test]
+    fn loader_workers_are_auto_or_a_number() {
+        assert_eq!(load_with("", &[]).unwrap().config.data.workers, Workers::Auto);
+        assert_eq!(load_with("", &["data.workers=3"]).unwrap().config.data.workers, Workers::Count(3));
+        let file = load_with("[data]\nworkers = \"auto\"\n", &["data.workers=0"]).unwrap();
+        assert_eq!(file.config.data.workers, Workers::Count(0));
+        let err = load_with("", &["data.workers=many"]).err().unwrap().to_string();
+        assert!(err.contains("data.workers") && err.contains("\"many\""), "{err}");
     }
 
     #[test]

@@ -177,6 +177,9 @@ pub struct Cuda {
     pub available: bool,
     pub devices: usize,
     pub cudnn: bool,
+    /// NCCL for the gradient all-reduce between GPUs: its version and file, or why it does not
+    /// load (then gradients go through MPI and host memory).
+    pub nccl: Result<String, String>,
 }
 
 /// The MPI side: whether MPI is compiled in, what the launcher variables say, and the job as the
@@ -314,6 +317,12 @@ pub fn findings(facts: &Facts) -> Vec<Finding> {
             ),
         ));
     }
+    if let (true, Err(why)) = (facts.cuda.available && facts.cuda.devices > 0, &facts.cuda.nccl) {
+        found.push(finding(
+            format!("NCCL does not load ({why}): multi-GPU gradients would go through MPI and host memory"),
+            "use the image's libtorch (its PyTorch wheels ship libnccl.so.2), or point RTRAIN_NCCL at libnccl.so.2",
+        ));
+    }
     if let Some(error) = &facts.mpi.error {
         let fix = if facts.mpi.built_in {
             "launch with the MPI that matches the image's Open MPI (hybrid model: same major version and PMIx on host and in the container), or run without a launcher"
@@ -412,8 +421,15 @@ pub fn render(facts: &Facts, findings: &[Finding], preamble: &[String]) -> Strin
         facts.gpus_requested
     ));
     line(format!(
-        "cuda: built {}, available {}, {} device(s), cuDNN {}",
-        facts.cuda.built, facts.cuda.available, facts.cuda.devices, facts.cuda.cudnn
+        "cuda: built {}, available {}, {} device(s), cuDNN {}, {}",
+        facts.cuda.built,
+        facts.cuda.available,
+        facts.cuda.devices,
+        facts.cuda.cudnn,
+        match &facts.cuda.nccl {
+            Ok(nccl) => nccl.clone(),
+            Err(why) => format!("no NCCL ({why})"),
+        }
     ));
     let mpi = &facts.mpi;
     line(match (&mpi.job, &mpi.launcher) {
@@ -587,7 +603,13 @@ mod tests {
 
     fn quiet_facts(probe: &Probe, cuda_built: bool, cuda_available: bool) -> Facts {
         let devices = gpu_devices(probe).len();
-        let cuda = Cuda { built: cuda_built, available: cuda_available, devices, cudnn: cuda_available };
+        let nccl = if cuda_available {
+            Ok("NCCL 2.27.3 (libnccl.so.2)".to_string())
+        } else {
+            Err("not loaded".to_string())
+        };
+        let cuda =
+            Cuda { built: cuda_built, available: cuda_available, devices, cudnn: cuda_available, nccl };
         let mpi = Mpi::from_launch(None);
         Facts::from_probe(probe, cuda, mpi, Threads { cores: 16, configured: 0, local_ranks: 1 })
     }

@@ -123,8 +123,14 @@ pub fn evaluate(
             let images = compute.input(&batch.images)?;
             let _autocast = compute.autocast()?;
             let logits = model.forward_t(&images, false);
-            let loss = logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::Sum, -100, 0.0);
-            let predictions = logits.argmax(-1, false);
+            let loss = logits.cross_entropy_loss::<Tensor>(
+                &compute.labels(&batch.labels),
+                None,
+                Reduction::Sum,
+                -100,
+                0.0,
+            );
+            let predictions = logits.argmax(-1, false).to_device(tch::Device::Cpu);
             let labels: Vec<i64> = Vec::try_from(&batch.labels).unwrap_or_default();
             let predictions: Vec<i64> = Vec::try_from(&predictions).unwrap_or_default();
             confusion.add(&labels, &predictions, loss.to_kind(Kind::Double).double_value(&[]));

@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod data;
+pub mod device;
 pub mod dist;
 pub mod doctor;
 pub mod eval;

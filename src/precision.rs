@@ -140,13 +140,19 @@ pub struct Compute {
 }
 
 impl Compute {
-    /// The input batch in the run's memory format.
+    /// The input batch on the run's device, in its memory format.
     pub fn input(&self, images: &Tensor) -> Result<Tensor, ShimError> {
+        let images = crate::device::to_device(images, self.device);
         if self.channels_last {
-            channels_last(images)
+            channels_last(&images)
         } else {
-            Ok(images.shallow_clone())
+            Ok(images)
         }
+    }
+
+    /// A batch's labels on the run's device.
+    pub fn labels(&self, labels: &Tensor) -> Tensor {
+        crate::device::to_device(labels, self.device)
     }
 
     /// Autocast for the forward pass and loss; drop it before backward.

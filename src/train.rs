@@ -22,13 +22,15 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
 use crate::checkpoint::{self, CheckpointError, CheckpointMeta, EpochTotals};
-use crate::config::{BadSample, Config};
+use crate::config::{BadSample, Config, Workers};
 use crate::data::dataset::{self, Dataset};
 use crate::data::folder::DataError;
 use crate::data::loader::{Loader, LoaderOptions};
 use crate::data::shards::ShardError;
 use crate::data::transforms::{Augment, Transform};
-use crate::dist::grad_sync::{GradSync, GradSyncError, SyncOptions};
+use crate::device::{self, DeviceError};
+use crate::dist::grad_sync::{GradSync, GradSyncError, Reducer, SyncOptions};
+use crate::dist::nccl::Nccl;
 use crate::dist::{self, Communicator, DistError};
 use crate::eval::{self, EvalReport};
 use crate::manifest::{self, DataSplit, EpochSummary, FileHash, Manifest, ManifestError};
@@ -73,6 +75,8 @@ pub enum TrainError {
     Io { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
     Shim(#[from] ShimError),
+    #[error(transparent)]
+    Device(#[from] DeviceError),
     #[error(transparent)]
     GradSync(#[from] GradSyncError),
     #[error(transparent)]
@@ -143,13 +147,22 @@ pub fn eval_transform(config: &Config) -> Transform {
     Transform::Eval { size: config.data.image_size, resize: config.eval_resize() }
 }
 
-pub fn loader_options(config: &Config, batch_size: usize) -> LoaderOptions {
+/// The loader's options for batches of `batch_size` with `workers` threads (see
+/// [`loader_workers`]); decoding yields to the model when both share the CPU.
+pub fn loader_options(
+    config: &Config,
+    batch_size: usize,
+    compute: &Compute,
+    workers: usize,
+) -> LoaderOptions {
     LoaderOptions {
         batch_size,
-        workers: config.data.workers,
+        workers,
         prefetch: config.data.prefetch.max(1),
         drop_last: config.data.drop_last,
         skip_bad_samples: config.data.on_bad_sample == BadSample::Skip,
+        low_priority: compute.device == Device::Cpu,
+        pin_for: compute.device.is_cuda().then_some(compute.device),
     }
 }
 
@@ -171,21 +184,39 @@ pub fn prepare_model(model: &Model, compute: &Compute) -> Result<(), ShimError> 
 /// among its `local_ranks` (ranks on one node must not oversubscribe the cores).
 pub fn set_threads(configured: usize, local_ranks: usize) -> i32 {
     let threads = match configured {
-        0 => {
-            let allowed = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-            // SAFETY: sysconf has no preconditions.
-            let online =
-                usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }).unwrap_or(allowed);
-            if allowed < online {
-                allowed
-            } else {
-                (online / local_ranks.max(1)).max(1)
-            }
-        }
+        0 => core_share(local_ranks),
         n => n,
     };
     tch::set_num_threads(i32::try_from(threads).unwrap_or(1));
     tch::get_num_threads()
+}
+
+/// The cores this rank may use: those the launcher bound it to, or, when it was not bound,
+/// the node's cores split evenly among its `local_ranks`.
+pub fn core_share(local_ranks: usize) -> usize {
+    let allowed = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    // SAFETY: sysconf has no preconditions.
+    let online = usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }).unwrap_or(allowed);
+    if allowed < online {
+        allowed
+    } else {
+        (online / local_ranks.max(1)).max(1)
+    }
+}
+
+/// Most loader threads `data.workers = "auto"` starts.
+const MAX_AUTO_WORKERS: usize = 8;
+
+/// Loader threads for `data.workers`. `auto`: with the model on the CPU, the cores of this
+/// rank's share that libtorch's `threads` leave free, often none — then decoding runs on the
+/// training thread between steps, which is faster than a thread that preempts libtorch's
+/// (BENCHMARKS.md); with the model on a GPU, every core of the share but one.
+pub fn loader_workers(setting: Workers, device: Device, threads: usize, cores: usize) -> usize {
+    match setting {
+        Workers::Count(n) => n,
+        Workers::Auto if device == Device::Cpu => cores.saturating_sub(threads).min(MAX_AUTO_WORKERS),
+        Workers::Auto => cores.saturating_sub(1).clamp(1, MAX_AUTO_WORKERS),
+    }
 }
 
 /// Opens the training and validation splits and checks that they agree on the classes.
@@ -253,6 +284,7 @@ struct Run<'a> {
     checkpoints: PathBuf,
     model: Model,
     compute: Compute,
+    loader_workers: usize,
     optimizer: Optimizer,
     schedule: Schedule,
     classes: Vec<String>,
@@ -293,8 +325,10 @@ pub fn train(
         }
     };
 
+    let device = device::choose(config.train.device, &topology, device::visible_gpus())?;
+    device::prepare(device, config.run.deterministic);
     tch::manual_seed(i64::from_ne_bytes(config.run.seed.to_ne_bytes()));
-    let mut model = Model::new(config.model.arch, num_classes, Device::Cpu)?;
+    let mut model = Model::new(config.model.arch, num_classes, device)?;
     if let Some(path) = &config.model.pretrained {
         let report = model.load_pretrained(path)?;
         tracing::info!(
@@ -311,9 +345,15 @@ pub fn train(
     if config.model.freeze_batchnorm {
         model.freeze_batchnorm();
     }
-    let (compute, why) = compute_for(config, Device::Cpu);
+    let (compute, why) = compute_for(config, device);
     prepare_model(&model, &compute)?;
-    tracing::info!("compute: {compute} ({why})");
+    let workers = loader_workers(
+        config.data.workers,
+        device,
+        threads.unsigned_abs() as usize,
+        core_share(topology.local_world_size),
+    );
+    tracing::info!("compute: {compute} ({why}); {threads} libtorch threads, {workers} loader threads");
     // Every rank starts from rank 0's weights, whatever its seed or file system did.
     dist::broadcast_from_root(comm.as_ref(), model.state_dict().into_values());
     let optimizer = Optimizer::new(&config.optim, model.trainable());
@@ -374,6 +414,7 @@ pub fn train(
         checkpoints,
         model,
         compute,
+        loader_workers: workers,
         optimizer,
         schedule,
         classes,
@@ -418,6 +459,8 @@ pub fn train(
         run.start_manifest(started_at, job, data, comm.library_version(), position.epoch)?;
     }
     if topology.world_size > 1 {
+        let reducer = gradient_reducer(comm.as_ref(), device);
+        tracing::info!("gradient all-reduce: {}", reducer.describe(comm.as_ref(), device.is_cuda()));
         run.grad_sync = Some(GradSync::new(
             comm.clone(),
             run.model.trainable(),
@@ -426,6 +469,7 @@ pub fn train(
                 overlap: config.dist.overlap,
                 poll: std::time::Duration::from_micros(config.dist.poll_us),
             },
+            reducer,
         )?);
     }
 
@@ -465,7 +509,7 @@ pub fn train(
             &run.model,
             val_set.clone(),
             eval_transform(config),
-            loader_options(config, config.eval_batch_size()),
+            loader_options(config, config.eval_batch_size(), &run.compute, run.loader_workers),
             &run.compute,
             comm.as_ref(),
         )?;
@@ -534,6 +578,39 @@ pub fn train(
         &summary.weights_sha256[..16]
     );
     Ok(summary)
+}
+
+/// NCCL when the ranks train on GPUs and every one of them can load it, else MPI (through host
+/// memory for GPU tensors), with the reason in the log. Called by every rank together.
+fn gradient_reducer(comm: &dyn Communicator, device: Device) -> Reducer {
+    if !device.is_cuda() {
+        return Reducer::Mpi;
+    }
+    match Nccl::join(comm, device) {
+        Ok(nccl) => Reducer::Nccl(nccl),
+        Err(err) => {
+            tracing::warn!("NCCL not used, gradients go through MPI and host memory: {err}");
+            Reducer::Mpi
+        }
+    }
+}
+
+/// The batch's mean loss (with the configured label smoothing) and the logits, in the run's
+/// precision and memory format on its device. `labels` must already be on the device.
+fn forward_loss(
+    model: &Model,
+    compute: &Compute,
+    images: &Tensor,
+    labels: &Tensor,
+    label_smoothing: f64,
+) -> Result<(Tensor, Tensor), TrainError> {
+    let images = compute.input(images)?;
+    // Autocast covers the forward pass and the loss, not backward (as torch.autocast).
+    let _autocast = compute.autocast()?;
+    let logits = model.forward_t(&images, true);
+    let loss = logits.f_cross_entropy_loss::<Tensor>(labels, None, Reduction::Mean, -100, label_smoothing);
+    let loss = loss.map_err(|source| TrainError::Step { global_step: 0, source })?;
+    Ok((logits, loss))
 }
 
 /// Where training stands: the epoch in progress, how many of its steps are done, and the
@@ -653,7 +730,7 @@ impl Run<'_> {
             config.run.seed,
             u64::from(epoch),
             start_batch,
-            loader_options(config, config.data.batch_size),
+            loader_options(config, config.data.batch_size, &self.compute, self.loader_workers),
         );
         let progress = match topology.is_root() {
             true => progress_bar(steps_per_epoch, start_batch as u64, epoch, config.train.epochs),
@@ -738,16 +815,13 @@ impl Run<'_> {
             Some(sync) => sync.zero_grad(),
             None => self.optimizer.zero_grad(),
         }
-        let logits = self.model.forward_t(images, true);
-        let loss = logits
-            .f_cross_entropy_loss::<Tensor>(
-                labels,
-                None,
-                Reduction::Mean,
-                -100,
-                self.config.train.label_smoothing,
-            )
-            .map_err(torch)?;
+        let labels = self.compute.labels(labels);
+        let (logits, loss) =
+            forward_loss(&self.model, &self.compute, images, &labels, self.config.train.label_smoothing)
+                .map_err(|err| match err {
+                    TrainError::Step { source, .. } => torch(source),
+                    other => other,
+                })?;
         loss.f_backward().map_err(torch)?;
         if let Some(sync) = &mut self.grad_sync {
             sync.finish()?;
@@ -758,7 +832,7 @@ impl Run<'_> {
             return Err(TrainError::Diverged { global_step, loss: loss_value });
         }
         let correct =
-            tch::no_grad(|| logits.argmax(-1, false).eq_tensor(labels).sum(Kind::Int64).int64_value(&[]));
+            tch::no_grad(|| logits.argmax(-1, false).eq_tensor(&labels).sum(Kind::Int64).int64_value(&[]));
         Ok((loss_value, u64::try_from(correct).unwrap_or(0)))
     }
 
@@ -937,4 +1011,24 @@ pub fn weights_digest(model: &Model) -> String {
         }
     }
     hex::encode(hasher.finalize())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{loader_workers, Workers};
+    use tch::Device;
+
+    #[test]
+    fn auto_loader_workers_take_only_the_cores_libtorch_leaves_free_on_cpu() {
+        assert_eq!(loader_workers(Workers::Auto, Device::Cpu, 2, 2), 0, "every core computes: decode inline");
+        assert_eq!(loader_workers(Workers::Auto, Device::Cpu, 1, 2), 1);
+        assert_eq!(loader_workers(Workers::Auto, Device::Cpu, 4, 64), 8, "capped");
+        assert_eq!(loader_workers(Workers::Auto, Device::Cuda(0), 1, 16), 8);
+        assert_eq!(
+            loader_workers(Workers::Auto, Device::Cuda(0), 1, 1),
+            1,
+            "a GPU always gets a loader thread"
+        );
+        assert_eq!(loader_workers(Workers::Count(3), Device::Cpu, 2, 2), 3, "a number is taken as given");
+    }
 }

@@ -11,6 +11,8 @@
 //! - Buckets start in reverse parameter order, with a small first bucket so that communication
 //!   starts early. After the first step they are rebuilt in the order the gradients actually
 //!   became ready (rank 0's order, broadcast), which is what makes the overlap work.
+//! - The communication thread sums with NCCL when the gradients are on GPUs and every rank has
+//!   it ([`super::nccl`]), else with MPI through host memory ([`Reducer`]).
 
 use std::collections::BTreeSet;
 use std::os::raw::c_void;
@@ -20,6 +22,7 @@ use std::thread::JoinHandle;
 
 use tch::{Kind, Tensor};
 
+use super::nccl::Nccl;
 use super::{all_reduce_mean_in_background, Communicator};
 use crate::precision::{check, ShimError};
 
@@ -59,6 +62,27 @@ pub enum GradSyncError {
     ThreadGone,
     #[error(transparent)]
     Shim(#[from] ShimError),
+}
+
+/// What averages a bucket over the ranks.
+pub enum Reducer {
+    /// MPI, on a host copy of GPU tensors (CPU tensors in place); `poll` as in [`SyncOptions`].
+    Mpi,
+    /// NCCL between the ranks' GPUs, on the GPU.
+    Nccl(Nccl),
+}
+
+impl Reducer {
+    /// For the log and the run manifest.
+    pub fn describe(&self, comm: &dyn Communicator, on_gpu: bool) -> String {
+        let library = comm.library_version().unwrap_or_else(|| "MPI".to_string());
+        let library = library.lines().next().unwrap_or_default().to_string();
+        match self {
+            Reducer::Nccl(nccl) => nccl.describe(),
+            Reducer::Mpi if on_gpu => format!("{library}, through host memory"),
+            Reducer::Mpi => library,
+        }
+    }
 }
 
 /// A bucket to reduce: its index (for the reply) and its flat buffer.
@@ -162,6 +186,7 @@ impl GradSync {
         comm: Arc<dyn Communicator>,
         params: Vec<(String, Tensor)>,
         options: SyncOptions,
+        reducer: Reducer,
     ) -> Result<GradSync, GradSyncError> {
         let SyncOptions { bucket_mb, overlap, poll } = options;
         for (name, param) in &params {
@@ -175,7 +200,7 @@ impl GradSync {
         let worker_comm = comm.clone();
         let worker = std::thread::Builder::new()
             .name("rtrain-allreduce".to_string())
-            .spawn(move || communicate(worker_comm.as_ref(), job_queue, done_sender, poll))
+            .spawn(move || communicate(worker_comm.as_ref(), &reducer, job_queue, done_sender, poll))
             .map_err(|_| GradSyncError::ThreadGone)?;
         let plan = Plan {
             bucket_of: vec![0; params.len()],
@@ -346,10 +371,25 @@ extern "C" fn grad_ready(context: *mut c_void, index: usize) {
     }
 }
 
-/// The communication thread: one blocking all-reduce per bucket, in arrival order.
-fn communicate(comm: &dyn Communicator, jobs: Receiver<Job>, done: Sender<usize>, poll: std::time::Duration) {
+/// The communication thread: one all-reduce per bucket, in arrival order. An NCCL failure
+/// ends the whole job: the other ranks would otherwise wait for this one forever.
+fn communicate(
+    comm: &dyn Communicator,
+    reducer: &Reducer,
+    jobs: Receiver<Job>,
+    done: Sender<usize>,
+    poll: std::time::Duration,
+) {
     for mut job in jobs {
-        all_reduce_mean_in_background(comm, &mut job.flat, poll);
+        match reducer {
+            Reducer::Mpi => all_reduce_mean_in_background(comm, &mut job.flat, poll),
+            Reducer::Nccl(nccl) => {
+                if let Err(err) = nccl.all_reduce_mean(&mut job.flat) {
+                    tracing::error!("gradient all-reduce of bucket {}: {err}", job.bucket);
+                    comm.abort(1);
+                }
+            }
+        }
         if done.send(job.bucket).is_err() {
             break;
         }
@@ -423,7 +463,7 @@ mod tests {
             // Tiny caps: one parameter per bucket. Given last layer last, the initial (reverse)
             // order puts w1 first, although backward finishes w2 first.
             let params = vec![("w2".into(), w2.shallow_clone()), ("w1".into(), w1.shallow_clone())];
-            let mut sync = GradSync::new(comm, params, options(1e-6, overlap)).unwrap();
+            let mut sync = GradSync::new(comm, params, options(1e-6, overlap), Reducer::Mpi).unwrap();
             assert_eq!(sync.buckets(), vec![vec![1], vec![0]]);
             for step in 0..2 {
                 sync.zero_grad();
@@ -443,9 +483,13 @@ mod tests {
     fn a_parameter_used_twice_is_an_error_naming_it() {
         let comm: Arc<dyn Communicator> = Arc::new(SingleProcess { topology: Topology::single() });
         let w = Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-        let mut sync =
-            GradSync::new(comm, vec![("shared.weight".into(), w.shallow_clone())], options(25.0, true))
-                .unwrap();
+        let mut sync = GradSync::new(
+            comm,
+            vec![("shared.weight".into(), w.shallow_clone())],
+            options(25.0, true),
+            Reducer::Mpi,
+        )
+        .unwrap();
         sync.zero_grad();
         (&w * 2.0).sum(Kind::Float).backward();
         (&w * 3.0).sum(Kind::Float).backward();

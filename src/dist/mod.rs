@@ -9,6 +9,7 @@
 pub mod grad_sync;
 #[cfg(feature = "mpi")]
 mod mpi;
+pub mod nccl;
 
 use std::sync::Arc;
 
