@@ -326,6 +326,8 @@ pub struct PeakBenchResult {
     pub matrix_side: i64,
     pub gflops: Vec<f64>,
     pub median_gflops: f64,
+    /// The fastest repetition: the attainable rate (slower ones were disturbed by other work).
+    pub best_gflops: f64,
 }
 
 /// This CPU's attainable floating-point rate through libtorch: square matrix products (the
@@ -363,6 +365,7 @@ pub fn bench_peak(
         precision: precision.to_string(),
         matrix_side: side,
         median_gflops: median(&gflops),
+        best_gflops: gflops.iter().copied().fold(f64::NAN, f64::max),
         gflops,
     })
 }

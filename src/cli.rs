@@ -455,8 +455,8 @@ pub fn run(cli: Cli) -> Result<()> {
                 println!("{}", serde_json::to_string(&result)?);
             } else {
                 println!(
-                    "{size}x{size} {} matrix product on {}, {} threads: {:.1} GFLOP/s (median of {repeats})",
-                    result.precision, result.device, result.threads, result.median_gflops
+                    "{size}x{size} {} matrix product on {}, {} threads: best {:.1} GFLOP/s, median {:.1} of {repeats}",
+                    result.precision, result.device, result.threads, result.best_gflops, result.median_gflops
                 );
             }
             Ok(())

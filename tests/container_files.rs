@@ -42,7 +42,8 @@ fn apptainer_definition_has_its_sections_and_clean_scripts() {
     }
 }
 
-/// The project's shell scripts (setup, test, simcluster, container, CI, benchmark runners) pass shellcheck.
+/// The project's shell scripts (setup, test, simcluster, container, GPU check and build, CI,
+/// benchmark runners) pass shellcheck.
 #[test]
 fn shell_scripts_pass_shellcheck() {
     let scripts = [
@@ -50,6 +51,8 @@ fn shell_scripts_pass_shellcheck() {
         "scripts/test",
         "scripts/simcluster",
         "scripts/container",
+        "scripts/gpu-check",
+        "scripts/build-gpu-binary",
         ".ci/run",
         "bench/run",
         "bench/scaling",
