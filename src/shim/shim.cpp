@@ -6,13 +6,15 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/node.h>
+// function.h defines Node up to PyTorch 2.11 and includes node.h, where it moved, after.
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <cstring>
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace {
 
@@ -119,6 +121,10 @@ struct GradReadyHook : torch::autograd::FunctionPostHook {
   size_t index;
 };
 
+// A strong reference to a gradient accumulator node: std::shared_ptr up to PyTorch 2.11,
+// c10::intrusive_ptr after. Named through decltype so the shim builds against either.
+using NodeRef = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
 }  // namespace
 
 // Registers `callback(context, index)` to run after backward has accumulated the gradient of
@@ -133,13 +139,13 @@ char* rtrain_grad_ready_hook(const at::Tensor* param, rtrain_grad_ready_fn callb
       throw std::runtime_error("the parameter has no gradient accumulator (is it a leaf requiring grad?)");
     }
     accumulator->add_post_hook(std::make_unique<GradReadyHook>(callback, context, index));
-    *handle = new c10::intrusive_ptr<torch::autograd::Node>(std::move(accumulator));
+    *handle = new NodeRef(std::move(accumulator));
   });
 }
 
 // Releases a handle from rtrain_grad_ready_hook (the node goes with the last reference).
 void rtrain_grad_ready_hook_free(void* handle) {
-  delete static_cast<c10::intrusive_ptr<torch::autograd::Node>*>(handle);
+  delete static_cast<NodeRef*>(handle);
 }
 
 }  // extern "C"
