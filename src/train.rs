@@ -1005,7 +1005,8 @@ pub fn weights_digest(model: &Model) -> String {
     for (name, tensor) in model.state_dict() {
         hasher.update(name.as_bytes());
         let values: Vec<f32> =
-            Vec::try_from(tensor.to_kind(Kind::Float).contiguous().view(-1)).unwrap_or_default();
+            Vec::try_from(tensor.to_device(Device::Cpu).to_kind(Kind::Float).contiguous().view(-1))
+                .unwrap_or_default();
         for value in values {
             hasher.update(value.to_le_bytes());
         }

@@ -58,7 +58,7 @@ pub enum NcclError {
     Tensor { rank: usize, kind: Kind, device: Device },
     #[error("rank {rank}: NCCL joins GPUs, but this rank computes on {device:?}")]
     NotCuda { rank: usize, device: Device },
-    #[error("NCCL is missing on {missing} of {world} ranks (rank 0: {reason}): using MPI on all of them")]
+    #[error("NCCL is missing on {missing} of {world} ranks (this rank: {reason}): using MPI on all of them")]
     NotEverywhere { missing: usize, world: usize, reason: String },
 }
 
