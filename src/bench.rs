@@ -259,12 +259,10 @@ pub fn bench_agree(
     tch::manual_seed(0);
     let images = Tensor::f_randn([batch_size, 3, image_size, image_size], (Kind::Float, Device::Cpu))?;
     let labels = Tensor::f_randint(num_classes as i64, [batch_size], (Kind::Int64, Device::Cpu))?;
-    let initial = Model::new(arch, num_classes, Device::Cpu)?.state_dict();
-    let trainable_initial: Vec<Tensor> = Model::new(arch, num_classes, Device::Cpu)?
-        .trainable()
-        .into_iter()
-        .map(|(name, _)| initial[&name].detach().contiguous())
-        .collect();
+    let initial_model = Model::new(arch, num_classes, Device::Cpu)?;
+    let initial = initial_model.state_dict();
+    let trainable_initial: Vec<Tensor> =
+        initial_model.trainable().into_iter().map(|(_, t)| t.detach().contiguous()).collect();
     let step = |compute: &Compute| -> Result<StepOutcome, BenchError> {
         let model = Model::new(arch, num_classes, compute.device)?;
         tch::no_grad(|| {

@@ -603,13 +603,14 @@ fn forward_loss(
     images: &Tensor,
     labels: &Tensor,
     label_smoothing: f64,
+    global_step: u64,
 ) -> Result<(Tensor, Tensor), TrainError> {
     let images = compute.input(images)?;
     // Autocast covers the forward pass and the loss, not backward (as torch.autocast).
     let _autocast = compute.autocast()?;
     let logits = model.forward_t(&images, true);
     let loss = logits.f_cross_entropy_loss::<Tensor>(labels, None, Reduction::Mean, -100, label_smoothing);
-    let loss = loss.map_err(|source| TrainError::Step { global_step: 0, source })?;
+    let loss = loss.map_err(|source| TrainError::Step { global_step, source })?;
     Ok((logits, loss))
 }
 
@@ -816,12 +817,9 @@ impl Run<'_> {
             None => self.optimizer.zero_grad(),
         }
         let labels = self.compute.labels(labels);
+        let smoothing = self.config.train.label_smoothing;
         let (logits, loss) =
-            forward_loss(&self.model, &self.compute, images, &labels, self.config.train.label_smoothing)
-                .map_err(|err| match err {
-                    TrainError::Step { source, .. } => torch(source),
-                    other => other,
-                })?;
+            forward_loss(&self.model, &self.compute, images, &labels, smoothing, global_step)?;
         loss.f_backward().map_err(torch)?;
         if let Some(sync) = &mut self.grad_sync {
             sync.finish()?;
