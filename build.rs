@@ -4,9 +4,12 @@
 //! torch-sys (a direct dependency for this reason) announces the libtorch library directory
 //! through its `links` metadata; the headers sit beside it. We bake the directory into every
 //! binary's rpath. With the `mpi` feature, a one-line C file gives Rust the MPI library's
-//! `MPI_IN_PLACE`, which differs between implementations. A `cuda` build also forces `libtorch.so` to be linked: as-needed linking
-//! would otherwise drop `libtorch_cuda`, which no symbol references, and CUDA would silently
-//! report itself unavailable.
+//! `MPI_IN_PLACE`, which differs between implementations. `src/shim/jpeg_shim.c` wraps
+//! libjpeg-turbo, linked statically (Debian's `libjpeg62-turbo-dev` ships `libjpeg.a`) so that
+//! the binary, the container image and a GPU machine need no libjpeg of their own. A `cuda`
+//! build also forces `libtorch.so` to be linked: as-needed linking would otherwise drop
+//! `libtorch_cuda`, which no symbol references, and CUDA would silently report itself
+//! unavailable.
 
 use std::path::PathBuf;
 
@@ -14,6 +17,7 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/shim/shim.cpp");
     println!("cargo:rerun-if-changed=src/shim/mpi_shim.c");
+    println!("cargo:rerun-if-changed=src/shim/jpeg_shim.c");
     let lib_dir = PathBuf::from(
         std::env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys did not report its libtorch directory"),
     );
@@ -32,6 +36,7 @@ fn main() {
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
+    compile_jpeg_shim();
     #[cfg(feature = "mpi")]
     compile_mpi_shim();
     println!("cargo:rustc-env=RTRAIN_GIT_REVISION={}", git_revision());
@@ -67,6 +72,26 @@ fn git_revision() -> String {
     } else {
         revision
     }
+}
+
+/// The JPEG shim and, after it, libjpeg-turbo's static library, found where the C compiler
+/// finds it.
+fn compile_jpeg_shim() {
+    let build = cc::Build::new();
+    build.clone().file("src/shim/jpeg_shim.c").compile("rtrain_jpeg_shim");
+    let compiler = build.get_compiler();
+    let found = std::process::Command::new(compiler.path())
+        .arg("-print-file-name=libjpeg.a")
+        .output()
+        .ok()
+        .map(|out| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+        .filter(|path| path.is_absolute() && path.is_file());
+    let Some(archive) = found else {
+        panic!("libjpeg.a not found: install libjpeg-turbo's development files (Debian: libjpeg62-turbo-dev; scripts/setup does)");
+    };
+    let dir = archive.parent().expect("an absolute file path has a parent");
+    println!("cargo:rustc-link-search=native={}", dir.display());
+    println!("cargo:rustc-link-lib=static=jpeg");
 }
 
 /// `MPI_IN_PLACE` for the MPI library the `mpi` crate found (the same probe it uses).

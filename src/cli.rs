@@ -13,6 +13,7 @@ use tch::{Device, Kind, Tensor};
 use crate::bench::{self, StepBench};
 use crate::checkpoint;
 use crate::config::{Config, LoadedConfig, DEFAULT_DATA_ROOT};
+use crate::data::decode::decode;
 use crate::data::{dataset, extract, fetch, idx, shards, synth, transforms};
 use crate::dist::{self, AllreduceAlgorithm, Communicator};
 use crate::doctor;
@@ -936,8 +937,9 @@ fn cmd_predict(args: PredictArgs) -> Result<()> {
     let size = i64::from(config.data.image_size);
     let mut results = Vec::new();
     for path in &args.images {
-        let image =
-            image::open(path).with_context(|| format!("{}: cannot decode image", path.display()))?.to_rgb8();
+        // The decoder training and evaluation use, so that a prediction sees the same pixels.
+        let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read image", path.display()))?;
+        let image = decode(&bytes).with_context(|| format!("{}: cannot decode image", path.display()))?;
         let mut pixels = vec![0f32; 3 * (size * size) as usize];
         let mut rng = transforms::sample_rng(0, 0, 0);
         transforms::apply(&image, &transform, &mut rng, &mut pixels);

@@ -2,11 +2,13 @@
 //! ([`ImageFolder`]) or from WebDataset shards ([`ShardSet`]), behind one trait so training,
 //! evaluation, hashing and benchmarks do not care which.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use image::RgbImage;
 
+use super::decode::decode;
 use super::folder::{DataError, ImageFolder};
 use super::shards::{ShardError, ShardSet, MANIFEST};
 
@@ -22,8 +24,14 @@ pub trait Dataset: Send + Sync {
     }
     /// The label of sample `index`, or None when out of range.
     fn label(&self, index: usize) -> Option<usize>;
+    /// The stored bytes of sample `index` (a JPEG or PNG file).
+    fn encoded(&self, index: usize) -> Result<Cow<'_, [u8]>, DataError>;
     /// Decodes sample `index` to RGB8.
-    fn load(&self, index: usize) -> Result<RgbImage, DataError>;
+    fn load(&self, index: usize) -> Result<RgbImage, DataError> {
+        let bytes = self.encoded(index)?;
+        decode(&bytes)
+            .map_err(|source| DataError::Decode { path: PathBuf::from(self.describe(index)), source })
+    }
     /// Where sample `index` lives, for messages: a file path, or `shard.tar:key`.
     fn describe(&self, index: usize) -> String;
     /// The files the split is read from (images or shards), in a fixed order, for hashing.
@@ -55,6 +63,10 @@ impl Dataset for ImageFolder {
 
     fn label(&self, index: usize) -> Option<usize> {
         self.samples.get(index).map(|s| s.1)
+    }
+
+    fn encoded(&self, index: usize) -> Result<Cow<'_, [u8]>, DataError> {
+        ImageFolder::encoded(self, index).map(Cow::Owned)
     }
 
     fn load(&self, index: usize) -> Result<RgbImage, DataError> {

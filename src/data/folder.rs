@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 
 use image::RgbImage;
 
+use super::decode::{decode, DecodeError};
+
 /// Everything that can go wrong while reading, decoding or batching image data. Each message
 /// names the file or directory involved so a user can find the offending input.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +58,7 @@ pub enum DataError {
         /// The file that failed to decode.
         path: PathBuf,
         /// The decoder's complaint.
-        source: image::ImageError,
+        source: DecodeError,
     },
     /// A sample index beyond the end of the dataset (a sampler bug, or an order built for a
     /// different tree).
@@ -181,15 +183,21 @@ impl ImageFolder {
     /// # Errors
     /// An out-of-range index, an unreadable file or an undecodable image, naming the file.
     pub fn load(&self, index: usize) -> Result<RgbImage, DataError> {
+        let bytes = self.encoded(index)?;
+        decode(&bytes).map_err(|source| DataError::Decode { path: self.samples[index].0.clone(), source })
+    }
+
+    /// The bytes of sample `index`'s file.
+    ///
+    /// # Errors
+    /// An out-of-range index or an unreadable file, naming the file.
+    pub fn encoded(&self, index: usize) -> Result<Vec<u8>, DataError> {
         let (path, _) = self.samples.get(index).ok_or_else(|| DataError::IndexOutOfRange {
             index,
             len: self.samples.len(),
             root: self.root.clone(),
         })?;
-        let io_err = |source| DataError::Io { path: path.clone(), source };
-        let reader = image::ImageReader::open(path).map_err(io_err)?.with_guessed_format().map_err(io_err)?;
-        let decoded = reader.decode().map_err(|source| DataError::Decode { path: path.clone(), source })?;
-        Ok(decoded.into_rgb8())
+        fs::read(path).map_err(|source| DataError::Io { path: path.clone(), source })
     }
 }
 

@@ -15,9 +15,12 @@ use std::thread::JoinHandle;
 
 use tch::{Device, Kind, Tensor};
 
+use rand_chacha::ChaCha8Rng;
+
 use super::dataset::Dataset;
+use super::decode::decode_region;
 use super::folder::DataError;
-use super::transforms::{apply, sample_rng, Transform};
+use super::transforms::{sample_rng, Plan, Transform};
 
 /// One batch of transformed images.
 #[derive(Debug)]
@@ -126,20 +129,20 @@ impl Job {
             if cancel.load(Ordering::Relaxed) {
                 return Ok(None);
             }
-            let image = match self.dataset.load(index) {
-                Ok(image) => image,
+            let mut rng = sample_rng(self.seed, self.epoch, index);
+            // Samples fill the tensor from the front; `render` writes every value of its slot.
+            let slot = kept.len();
+            let out = &mut pixels[slot * per_image..(slot + 1) * per_image];
+            match decode_transformed(self.dataset.as_ref(), index, &self.transform, &mut rng, out) {
+                Ok(()) => {}
                 Err(DataError::Decode { path, source }) if self.skip_bad_samples => {
                     skipped.push(format!("{}: {source}", path.display()));
                     continue;
                 }
                 Err(err) => return Err(err),
-            };
-            // `load` has checked the index, so this lookup cannot fail.
+            }
+            // `encoded` has checked the index, so this lookup cannot fail.
             labels.push(self.dataset.label(index).unwrap_or(0) as i64);
-            let mut rng = sample_rng(self.seed, self.epoch, index);
-            // Samples fill the tensor from the front; `apply` writes every value of its slot.
-            let slot = kept.len();
-            apply(&image, &self.transform, &mut rng, &mut pixels[slot * per_image..(slot + 1) * per_image]);
             kept.push(index);
         }
         // Skipped samples leave unwritten slots at the end: cut them off.
@@ -153,6 +156,30 @@ impl Job {
         let labels = Tensor::f_from_slice(&labels).map_err(tensor_err)?;
         Ok(Some(Batch { images, labels, indices: kept, skipped }))
     }
+}
+
+/// Decodes sample `index` and writes its transformed pixels into `out`. The transform's plan
+/// is drawn from the image's size as soon as the header is read, so only the pixels it reads
+/// are decoded (for a JPEG).
+fn decode_transformed(
+    dataset: &dyn Dataset,
+    index: usize,
+    transform: &Transform,
+    rng: &mut ChaCha8Rng,
+    out: &mut [f32],
+) -> Result<(), DataError> {
+    let bytes = dataset.encoded(index)?;
+    let mut plan = None;
+    let region = decode_region(&bytes, |width, height| {
+        let drawn = Plan::new(width, height, transform, rng);
+        let source = drawn.source();
+        plan = Some(drawn);
+        source
+    })
+    .map_err(|source| DataError::Decode { path: dataset.describe(index).into(), source })?;
+    let plan = plan.expect("decode_region asks for the region once the header is read");
+    plan.render(&region.pixels, region.rect, out);
+    Ok(())
 }
 
 /// Where batches come from.
@@ -688,12 +715,16 @@ mod tests {
         fn label(&self, index: usize) -> Option<usize> {
             (index < 4).then_some(0)
         }
-        fn load(&self, _index: usize) -> Result<image::RgbImage, DataError> {
+        fn encoded(&self, _index: usize) -> Result<std::borrow::Cow<'_, [u8]>, DataError> {
             // SAFETY: plain integer calls. getpriority can return -1 legitimately, but the
             // nice values here are 0 and 10.
             let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
             self.seen.lock().unwrap().push(nice);
-            Ok(image::RgbImage::new(8, 8))
+            let mut png = Vec::new();
+            image::RgbImage::new(8, 8)
+                .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+                .unwrap();
+            Ok(png.into())
         }
         fn describe(&self, index: usize) -> String {
             format!("probe sample {index}")

@@ -4,6 +4,7 @@
 
 pub mod atomic_dir;
 pub mod dataset;
+pub mod decode;
 pub mod extract;
 pub mod fetch;
 pub mod folder;

@@ -14,12 +14,12 @@
 //! [`verify`] re-hashes shards against the manifest; [`stage`] copies them to another directory
 //! (a node's local disk), skipping those already there with the right hash.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
-use image::RgbImage;
 use memmap2::Mmap;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -567,16 +567,13 @@ impl Dataset for ShardSet {
         self.samples.get(index).map(|s| s.label)
     }
 
-    fn load(&self, index: usize) -> Result<RgbImage, DataError> {
+    fn encoded(&self, index: usize) -> Result<Cow<'_, [u8]>, DataError> {
         let sample = self.samples.get(index).ok_or_else(|| DataError::IndexOutOfRange {
             index,
             len: self.samples.len(),
             root: self.root.clone(),
         })?;
-        let bytes = &self.shards[sample.shard].1[sample.offset..sample.offset + sample.len];
-        let decoded = image::load_from_memory(bytes)
-            .map_err(|source| DataError::Decode { path: PathBuf::from(self.describe(index)), source })?;
-        Ok(decoded.into_rgb8())
+        Ok(Cow::Borrowed(&self.shards[sample.shard].1[sample.offset..sample.offset + sample.len]))
     }
 
     fn describe(&self, index: usize) -> String {
@@ -594,6 +591,7 @@ impl Dataset for ShardSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use image::RgbImage;
 
     /// SRC/{train,val}/{a,b,c}/: PNGs and JPEGs of different sizes and colours.
     fn make_tree(root: &Path, per_class: u32) {

@@ -176,35 +176,92 @@ pub fn random_resized_crop(height: u32, width: u32, augment: &Augment, rng: &mut
 /// # Panics
 /// If `out.len()` differs from [`Transform::output_len`] — a caller bug, not bad input.
 pub fn apply(image: &RgbImage, transform: &Transform, rng: &mut ChaCha8Rng, out: &mut [f32]) {
-    assert_eq!(
-        out.len(),
-        transform.output_len(),
-        "output buffer length does not match the transform's 3*size*size"
-    );
-    let size = transform.size();
-    if size == 0 {
-        return;
-    }
     let (width, height) = image.dimensions();
-    if width == 0 || height == 0 {
-        // Nothing to sample: emit the normalised black that padding would give.
-        fill_black(out, size as usize);
-        return;
-    }
-    match transform {
-        Transform::Train { augment, .. } => {
-            let crop = random_resized_crop(height, width, augment, rng);
-            // torch draws the flip after the crop; keep that order.
-            let flip = augment.hflip && rng.random::<f64>() < 0.5;
-            let x = Axis::new(crop.left, crop.width, size, 0, size);
-            let y = Axis::new(crop.top, crop.height, size, 0, size);
-            resample(image, &x, &y, flip, size as usize, out);
+    let plan = Plan::new(width, height, transform, rng);
+    plan.render(image.as_raw(), Crop { top: 0, left: 0, height, width }, out);
+}
+
+/// What a transform does to one image of a known size: which source pixels it reads and how
+/// they become the output.
+///
+/// Drawing a plan consumes the sample's random numbers (crop, then flip, as torchvision draws
+/// them), and needs only the image's size, so the loader draws it after reading a JPEG's
+/// header and then decodes only [`Plan::source`].
+pub struct Plan {
+    size: usize,
+    /// Columns, rows and whether to flip; `None` when the output is all black (an empty image).
+    resample: Option<(Axis, Axis, bool)>,
+}
+
+impl Plan {
+    /// The plan for an image of `width` x `height` pixels.
+    pub fn new(width: u32, height: u32, transform: &Transform, rng: &mut ChaCha8Rng) -> Self {
+        let size = transform.size();
+        if size == 0 || width == 0 || height == 0 {
+            // Nothing to sample: the output is the normalised black that padding would give.
+            return Self { size: size as usize, resample: None };
         }
-        Transform::Eval { resize, .. } => {
-            let (new_w, new_h) = resized_dims(width, height, *resize);
-            let x = Axis::new(0, width, new_w, center_offset(new_w, size), size);
-            let y = Axis::new(0, height, new_h, center_offset(new_h, size), size);
-            resample(image, &x, &y, false, size as usize, out);
+        let resample = match transform {
+            Transform::Train { augment, .. } => {
+                let crop = random_resized_crop(height, width, augment, rng);
+                // torch draws the flip after the crop; keep that order.
+                let flip = augment.hflip && rng.random::<f64>() < 0.5;
+                return Self::resized_crop(crop, size, flip);
+            }
+            Transform::Eval { resize, .. } => {
+                let (new_w, new_h) = resized_dims(width, height, *resize);
+                let x = Axis::new(0, width, new_w, center_offset(new_w, size), size);
+                let y = Axis::new(0, height, new_h, center_offset(new_h, size), size);
+                (x, y, false)
+            }
+        };
+        Self { size: size as usize, resample: Some(resample) }
+    }
+
+    /// torchvision's `resized_crop(image, top, left, height, width, [size, size])`, flipped
+    /// horizontally when `flip`: the training transform with its random draws given.
+    pub fn resized_crop(crop: Crop, size: u32, flip: bool) -> Self {
+        if size == 0 || crop.width == 0 || crop.height == 0 {
+            return Self { size: size as usize, resample: None };
+        }
+        let x = Axis::new(crop.left, crop.width, size, 0, size);
+        let y = Axis::new(crop.top, crop.height, size, 0, size);
+        Self { size: size as usize, resample: Some((x, y, flip)) }
+    }
+
+    /// The rectangle of source pixels the output reads (the crop, widened by the filter's
+    /// support), or `None` when it reads none.
+    pub fn source(&self) -> Option<Crop> {
+        let (x, y, _) = self.resample.as_ref()?;
+        let ((left, right), (top, bottom)) = x.source_range().zip(y.source_range())?;
+        Some(Crop {
+            top: top as u32,
+            left: left as u32,
+            height: (bottom - top) as u32,
+            width: (right - left) as u32,
+        })
+    }
+
+    /// Writes the normalised CHW output into `out` from `pixels`: packed RGB rows of the
+    /// source rectangle `region`, which must contain [`Plan::source`].
+    ///
+    /// # Panics
+    /// If `out` is not `3 * size * size` long, or `pixels` does not hold `region` — caller
+    /// bugs, not bad input.
+    pub fn render(&self, pixels: &[u8], region: Crop, out: &mut [f32]) {
+        assert_eq!(
+            out.len(),
+            3 * self.size * self.size,
+            "output buffer length does not match the transform's 3*size*size"
+        );
+        assert_eq!(
+            pixels.len(),
+            region.width as usize * region.height as usize * 3,
+            "pixels do not match their region"
+        );
+        match &self.resample {
+            Some((x, y, flip)) => resample(pixels, region, x, y, *flip, self.size, out),
+            None => fill_black(out, self.size),
         }
     }
 }
@@ -373,6 +430,9 @@ fn table() -> &'static [[f32; 256]; 3] {
 }
 
 fn fill_black(out: &mut [f32], size: usize) {
+    if size == 0 {
+        return;
+    }
     let table = table();
     for (c, plane) in out.chunks_exact_mut(size * size).enumerate() {
         plane.fill(table[c][0]);
@@ -388,7 +448,9 @@ fn fill_black(out: &mut [f32], size: usize) {
 /// vertical pass first when the height shrinks by more than twice as many pixels as the
 /// width does; we follow the same rule so our output stays bit-identical to it. (Older
 /// Pillow always went horizontal first; that differs by at most one level on some pixels.)
-fn resample(image: &RgbImage, x: &Axis, y: &Axis, flip: bool, size: usize, out: &mut [f32]) {
+///
+/// `src` holds the packed RGB rows of `region`, which contains every source pixel read.
+fn resample(src: &[u8], region: Crop, x: &Axis, y: &Axis, flip: bool, size: usize, out: &mut [f32]) {
     let shrink_h = i64::from(y.src_len) - i64::from(y.dst_len);
     let shrink_w = i64::from(x.src_len) - i64::from(x.dst_len);
     let (lo, hi) = (x.source_range(), y.source_range());
@@ -397,8 +459,11 @@ fn resample(image: &RgbImage, x: &Axis, y: &Axis, flip: bool, size: usize, out: 
         fill_black(out, size);
         return;
     };
-    let src = image.as_raw();
-    let width = image.width() as usize;
+    let (top, left, width) = (region.top as usize, region.left as usize, region.width as usize);
+    assert!(
+        left <= col_lo && col_hi <= left + width && top <= row_lo && row_hi <= top + region.height as usize,
+        "the decoded region does not contain the pixels the transform reads"
+    );
     let src_stride = width * 3;
     let row_len = size * 3;
     let mut sink = Sink::new(out, size, flip);
@@ -419,7 +484,7 @@ fn resample(image: &RgbImage, x: &Axis, y: &Axis, flip: bool, size: usize, out: 
             }
             acc.fill(HALF);
             for (k, &w) in weights.iter().enumerate() {
-                let begin = (start + k) * src_stride + col_lo * 3;
+                let begin = (start + k - top) * src_stride + (col_lo - left) * 3;
                 accumulate(&mut acc, &src[begin..begin + ncols * 3], w);
             }
             for (d, &a) in vert.iter_mut().zip(&acc) {
@@ -432,10 +497,10 @@ fn resample(image: &RgbImage, x: &Axis, y: &Axis, flip: bool, size: usize, out: 
     } else {
         // Horizontal pass: each needed source row → `size` interleaved RGB samples.
         let mut horiz = vec![0u8; (row_hi - row_lo) * row_len];
-        let fixed = x.fixed(0, width);
+        let fixed = x.fixed(left, left + width);
         for (r, dst) in horiz.chunks_exact_mut(row_len).enumerate() {
-            let row = &src[(row_lo + r) * src_stride..(row_lo + r + 1) * src_stride];
-            horizontal_row(row, x, fixed.as_ref(), 0, dst);
+            let row = &src[(row_lo + r - top) * src_stride..(row_lo + r - top + 1) * src_stride];
+            horizontal_row(row, x, fixed.as_ref(), left, dst);
         }
         // Vertical pass: accumulate whole rows (contiguous, so it vectorises).
         let mut acc = vec![0i32; row_len];
@@ -580,6 +645,10 @@ impl<'a> Sink<'a> {
 mod tests {
     use super::*;
 
+    fn whole(image: &RgbImage) -> Crop {
+        Crop { top: 0, left: 0, height: image.height(), width: image.width() }
+    }
+
     fn normalised(c: usize, v: u8) -> f32 {
         (f32::from(v) / 255.0 - IMAGENET_MEAN[c]) / IMAGENET_STD[c]
     }
@@ -668,9 +737,9 @@ mod tests {
         let x = Axis::new(0, 5, 5, 0, 3);
         let y = Axis::new(0, 3, 3, 0, 3);
         let mut out = vec![0f32; 27];
-        resample(&img, &x, &y, false, 3, &mut out);
+        resample(img.as_raw(), whole(&img), &x, &y, false, 3, &mut out);
         let mut flipped = vec![0f32; 27];
-        resample(&img, &x, &y, true, 3, &mut flipped);
+        resample(img.as_raw(), whole(&img), &x, &y, true, 3, &mut flipped);
         for yy in 0..3 {
             for xx in 0..3 {
                 let p = img.get_pixel(xx as u32, yy as u32).0;
@@ -690,7 +759,7 @@ mod tests {
         });
         let (xa, ya) = (Axis::new(0, w, 5, 0, 5), Axis::new(0, h, 5, 0, 5));
         let mut out = vec![0f32; 75];
-        resample(&img, &xa, &ya, false, 5, &mut out);
+        resample(img.as_raw(), whole(&img), &xa, &ya, false, 5, &mut out);
         let back = |c: usize, v: f32| (0..=255u8).find(|&u| normalised(c, u) == v).unwrap();
         let red = out[..25].iter().map(|&v| back(0, v)).collect();
         let green = out[25..50].iter().map(|&v| back(1, v)).collect();

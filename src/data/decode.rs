@@ -1,0 +1,274 @@
+//! Encoded images to RGB8 pixels.
+//!
+//! JPEGs go through libjpeg-turbo (`src/shim/jpeg_shim.c`), the library Pillow uses, set up as
+//! Pillow sets it up, so rtrain sees the pixels torchvision sees. A training crop usually
+//! covers part of a photo, so [`decode_region`] reads the header first, lets the caller choose
+//! the rectangle it will read (drawing its random crop from the image size), and decodes only
+//! that: rows above and below are skipped and columns outside are cropped. PNGs and JPEGs that
+//! libjpeg cannot turn into RGB (CMYK) go through the `image` crate, whole.
+
+use std::ffi::{c_char, c_int, CStr};
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+use image::RgbImage;
+
+use super::transforms::Crop;
+
+/// Why an image could not be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// libjpeg's complaint about a JPEG.
+    #[error("JPEG: {0}")]
+    Jpeg(String),
+    /// The `image` crate's complaint about another format.
+    #[error(transparent)]
+    Image(#[from] image::ImageError),
+}
+
+/// Decoded pixels of a rectangle of an image: packed RGB rows.
+pub struct Region {
+    /// `3 * rect.width * rect.height` bytes.
+    pub pixels: Vec<u8>,
+    /// Where the pixels sit in the image.
+    pub rect: Crop,
+}
+
+/// Decodes the whole image (grey, 16-bit and alpha converted to RGB8, alpha dropped, as
+/// Pillow's `convert("RGB")` does).
+///
+/// # Errors
+/// The decoder's complaint when `bytes` is not a readable image.
+pub fn decode(bytes: &[u8]) -> Result<RgbImage, DecodeError> {
+    let region = decode_region(bytes, |width, height| Some(Crop { top: 0, left: 0, height, width }))?;
+    let Crop { width, height, .. } = region.rect;
+    Ok(RgbImage::from_raw(width, height, region.pixels).expect("a region holds width * height RGB pixels"))
+}
+
+/// Decodes the part of an image that `choose` asks for, given the image's width and height.
+/// The result may be larger than asked (a PNG is decoded whole); `None` decodes nothing.
+/// `choose` is called exactly once for a readable header.
+///
+/// # Errors
+/// The decoder's complaint when `bytes` is not a readable image.
+///
+/// # Panics
+/// If `choose` returns a rectangle outside the image (a caller bug).
+pub fn decode_region(
+    bytes: &[u8],
+    choose: impl FnOnce(u32, u32) -> Option<Crop>,
+) -> Result<Region, DecodeError> {
+    if is_jpeg(bytes) {
+        let jpeg = Jpeg::open(bytes)?;
+        // libjpeg makes RGB from grey and YCbCr; CMYK and YCCK are left to the image crate.
+        if jpeg.components == 1 || jpeg.components == 3 {
+            let rect = choose(jpeg.width, jpeg.height);
+            let Some(rect) = rect.filter(|r| r.width > 0 && r.height > 0) else {
+                return Ok(Region {
+                    pixels: Vec::new(),
+                    rect: Crop { top: 0, left: 0, height: 0, width: 0 },
+                });
+            };
+            assert!(
+                rect.left + rect.width <= jpeg.width && rect.top + rect.height <= jpeg.height,
+                "region {rect:?} lies outside the {}x{} image",
+                jpeg.width,
+                jpeg.height
+            );
+            let pixels = jpeg.read(rect)?;
+            return Ok(Region { pixels, rect });
+        }
+    }
+    let image = image::load_from_memory(bytes)?.into_rgb8();
+    let (width, height) = image.dimensions();
+    // Called for its side effects (the caller's random draws), whatever it asks for.
+    let _ = choose(width, height);
+    Ok(Region { pixels: image.into_raw(), rect: Crop { top: 0, left: 0, height, width } })
+}
+
+/// JPEG's start-of-image marker followed by the start of another marker.
+fn is_jpeg(bytes: &[u8]) -> bool {
+    bytes.starts_with(&[0xFF, 0xD8, 0xFF])
+}
+
+/// The shim's decoder state (opaque here).
+#[repr(C)]
+struct RawJpeg {
+    _private: [u8; 0],
+}
+
+extern "C" {
+    fn rtrain_jpeg_open(
+        data: *const u8,
+        len: usize,
+        width: *mut u32,
+        height: *mut u32,
+        components: *mut c_int,
+        error: *mut c_char,
+        error_len: usize,
+    ) -> *mut RawJpeg;
+    fn rtrain_jpeg_read(
+        jpeg: *mut RawJpeg,
+        left: u32,
+        top: u32,
+        cols: u32,
+        rows: u32,
+        out: *mut u8,
+        error: *mut c_char,
+        error_len: usize,
+    ) -> c_int;
+    fn rtrain_jpeg_close(jpeg: *mut RawJpeg);
+}
+
+/// A JPEG whose header has been read, borrowing its bytes (libjpeg reads them in place).
+struct Jpeg<'a> {
+    raw: NonNull<RawJpeg>,
+    width: u32,
+    height: u32,
+    components: c_int,
+    bytes: PhantomData<&'a [u8]>,
+}
+
+/// Room for libjpeg's longest message (`JMSG_LENGTH_MAX` is 200).
+const MESSAGE_LEN: usize = 256;
+
+fn message(buffer: &[c_char; MESSAGE_LEN]) -> String {
+    // SAFETY: the buffer was zeroed and the shim writes a NUL-terminated string that fits.
+    unsafe { CStr::from_ptr(buffer.as_ptr()) }.to_string_lossy().into_owned()
+}
+
+impl<'a> Jpeg<'a> {
+    fn open(bytes: &'a [u8]) -> Result<Self, DecodeError> {
+        let (mut width, mut height, mut components) = (0u32, 0u32, 0 as c_int);
+        let mut error = [0 as c_char; MESSAGE_LEN];
+        // SAFETY: every pointer is valid for the call; `bytes` outlives the handle, which
+        // reads them, through the lifetime on `Jpeg`.
+        let raw = unsafe {
+            rtrain_jpeg_open(
+                bytes.as_ptr(),
+                bytes.len(),
+                &mut width,
+                &mut height,
+                &mut components,
+                error.as_mut_ptr(),
+                MESSAGE_LEN,
+            )
+        };
+        let raw = NonNull::new(raw).ok_or_else(|| DecodeError::Jpeg(message(&error)))?;
+        Ok(Self { raw, width, height, components, bytes: PhantomData })
+    }
+
+    /// Decodes `rect` (inside the image) to packed RGB rows. Consumes the decoder: libjpeg
+    /// decodes an image once.
+    fn read(self, rect: Crop) -> Result<Vec<u8>, DecodeError> {
+        let mut pixels = vec![0u8; rect.width as usize * rect.height as usize * 3];
+        let mut error = [0 as c_char; MESSAGE_LEN];
+        // SAFETY: `pixels` holds `rect.width * rect.height` RGB pixels, as the shim writes;
+        // the handle is live until `self` drops after this call.
+        let status = unsafe {
+            rtrain_jpeg_read(
+                self.raw.as_ptr(),
+                rect.left,
+                rect.top,
+                rect.width,
+                rect.height,
+                pixels.as_mut_ptr(),
+                error.as_mut_ptr(),
+                MESSAGE_LEN,
+            )
+        };
+        if status == 0 {
+            Ok(pixels)
+        } else {
+            Err(DecodeError::Jpeg(message(&error)))
+        }
+    }
+}
+
+impl Drop for Jpeg<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from rtrain_jpeg_open and is closed once.
+        unsafe { rtrain_jpeg_close(self.raw.as_ptr()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use image::codecs::jpeg::JpegEncoder;
+    use rand::{Rng, SeedableRng};
+
+    /// A JPEG with texture and edges in every channel, so a misplaced row or column shows.
+    fn jpeg(width: u32, height: u32) -> Vec<u8> {
+        let image = RgbImage::from_fn(width, height, |x, y| {
+            image::Rgb([(x * 7 + y * 3) as u8, ((x ^ y) * 5) as u8, ((x / 9 + y / 5) * 40) as u8])
+        });
+        let mut bytes = Vec::new();
+        JpegEncoder::new_with_quality(&mut bytes, 90).encode_image(&image).unwrap();
+        bytes
+    }
+
+    #[test]
+    fn a_region_is_the_same_rectangle_of_the_whole_image() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        // Odd sizes, so regions start and end inside MCUs and at the image's ragged edge.
+        for (width, height) in [(67, 45), (160, 120), (33, 97), (16, 16)] {
+            let bytes = jpeg(width, height);
+            let whole = decode(&bytes).unwrap();
+            assert_eq!(whole.dimensions(), (width, height));
+            for _ in 0..40 {
+                let left = rng.random_range(0..width);
+                let top = rng.random_range(0..height);
+                let rect = Crop {
+                    left,
+                    top,
+                    width: rng.random_range(1..=width - left),
+                    height: rng.random_range(1..=height - top),
+                };
+                let region = decode_region(&bytes, |_, _| Some(rect)).unwrap();
+                assert_eq!(region.rect, rect);
+                for row in 0..rect.height {
+                    let start = ((rect.top + row) * width + rect.left) as usize * 3;
+                    let expected = &whole.as_raw()[start..start + rect.width as usize * 3];
+                    let got = &region.pixels
+                        [(row * rect.width) as usize * 3..((row + 1) * rect.width) as usize * 3];
+                    assert_eq!(got, expected, "{width}x{height}, region {rect:?}, row {row}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn choose_sees_the_image_size_and_none_decodes_nothing() {
+        let bytes = jpeg(50, 30);
+        let mut seen = None;
+        let region = decode_region(&bytes, |w, h| {
+            seen = Some((w, h));
+            None
+        })
+        .unwrap();
+        assert_eq!(seen, Some((50, 30)));
+        assert!(region.pixels.is_empty());
+    }
+
+    #[test]
+    fn png_decodes_whole_through_the_image_crate() {
+        let image = RgbImage::from_fn(9, 4, |x, y| image::Rgb([x as u8 * 20, y as u8 * 50, 7]));
+        let mut png = Vec::new();
+        image.write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png).unwrap();
+        let region = decode_region(&png, |_, _| Some(Crop { top: 1, left: 2, height: 2, width: 3 })).unwrap();
+        assert_eq!(region.rect, Crop { top: 0, left: 0, height: 4, width: 9 });
+        assert_eq!(region.pixels, image.into_raw());
+    }
+
+    #[test]
+    fn truncated_and_garbage_jpegs_are_errors_with_libjpegs_reason() {
+        let bytes = jpeg(64, 64);
+        let err = decode(&bytes[..bytes.len() / 2]).unwrap_err();
+        assert!(err.to_string().contains("truncated"), "{err}");
+        let mut garbage = bytes[..20].to_vec();
+        garbage.extend([0x55; 100]);
+        let err = decode(&garbage).unwrap_err();
+        assert!(matches!(err, DecodeError::Jpeg(_)), "{err}");
+    }
+}
