@@ -60,6 +60,13 @@ pub fn decode_region(
 ) -> Result<Region, DecodeError> {
     if is_jpeg(bytes) {
         let jpeg = Jpeg::open(bytes)?;
+        // A region decode stops after the region's last row, so libjpeg would notice a
+        // truncated file only when the crop reached the missing part. Pillow refuses every
+        // truncated file; so does this check, whatever the crop: the end-of-image marker must
+        // follow the scan data (which cannot contain it).
+        if !bytes[jpeg.scan_offset.min(bytes.len())..].windows(2).rev().any(|w| w == [0xFF, 0xD9]) {
+            return Err(DecodeError::Jpeg("premature end of JPEG data (the file is truncated)".into()));
+        }
         // libjpeg makes RGB from grey and YCbCr; CMYK and YCCK are left to the image crate.
         if jpeg.components == 1 || jpeg.components == 3 {
             let rect = choose(jpeg.width, jpeg.height);
@@ -104,6 +111,7 @@ extern "C" {
         width: *mut u32,
         height: *mut u32,
         components: *mut c_int,
+        scan_offset: *mut usize,
         error: *mut c_char,
         error_len: usize,
     ) -> *mut RawJpeg;
@@ -126,6 +134,8 @@ struct Jpeg<'a> {
     width: u32,
     height: u32,
     components: c_int,
+    /// Where the entropy-coded data of the first scan starts.
+    scan_offset: usize,
     bytes: PhantomData<&'a [u8]>,
 }
 
@@ -139,7 +149,7 @@ fn message(buffer: &[c_char; MESSAGE_LEN]) -> String {
 
 impl<'a> Jpeg<'a> {
     fn open(bytes: &'a [u8]) -> Result<Self, DecodeError> {
-        let (mut width, mut height, mut components) = (0u32, 0u32, 0 as c_int);
+        let (mut width, mut height, mut components, mut scan_offset) = (0u32, 0u32, 0 as c_int, 0usize);
         let mut error = [0 as c_char; MESSAGE_LEN];
         // SAFETY: every pointer is valid for the call; `bytes` outlives the handle, which
         // reads them, through the lifetime on `Jpeg`.
@@ -150,12 +160,13 @@ impl<'a> Jpeg<'a> {
                 &mut width,
                 &mut height,
                 &mut components,
+                &mut scan_offset,
                 error.as_mut_ptr(),
                 MESSAGE_LEN,
             )
         };
         let raw = NonNull::new(raw).ok_or_else(|| DecodeError::Jpeg(message(&error)))?;
-        Ok(Self { raw, width, height, components, bytes: PhantomData })
+        Ok(Self { raw, width, height, components, scan_offset, bytes: PhantomData })
     }
 
     /// Decodes `rect` (inside the image) to packed RGB rows. Consumes the decoder: libjpeg
@@ -266,6 +277,14 @@ mod tests {
         let bytes = jpeg(64, 64);
         let err = decode(&bytes[..bytes.len() / 2]).unwrap_err();
         assert!(err.to_string().contains("truncated"), "{err}");
+        // Also when the region lies in the part that is still there.
+        let top = Crop { top: 0, left: 0, height: 8, width: 8 };
+        let err = decode_region(&bytes[..bytes.len() - 40], |_, _| Some(top)).err().expect("truncated");
+        assert!(err.to_string().contains("truncated"), "{err}");
+        // Bytes after the end-of-image marker (camera trailers) are fine.
+        let mut trailer = bytes.clone();
+        trailer.extend_from_slice(b"trailing data");
+        assert_eq!(decode(&trailer).unwrap(), decode(&bytes).unwrap());
         let mut garbage = bytes[..20].to_vec();
         garbage.extend([0x55; 100]);
         let err = decode(&garbage).unwrap_err();

@@ -56,10 +56,11 @@ static int read_header(struct rtrain_jpeg *jpeg, const uint8_t *data, size_t len
   return 0;
 }
 
-/* Parses the header of `data` and reports the image size and number of colour components.
- * Returns a handle for rtrain_jpeg_read, or NULL with the reason in `error`. */
+/* Parses the header of `data` and reports the image size, the number of colour components
+ * and where the first scan's data starts (libjpeg stops reading the header there). Returns a
+ * handle for rtrain_jpeg_read, or NULL with the reason in `error`. */
 struct rtrain_jpeg *rtrain_jpeg_open(const uint8_t *data, size_t len, uint32_t *width, uint32_t *height,
-                                     int *components, char *error, size_t error_len) {
+                                     int *components, size_t *scan_offset, char *error, size_t error_len) {
   struct rtrain_jpeg *jpeg = calloc(1, sizeof *jpeg);
   if (jpeg == NULL) {
     copy_message("out of memory", error, error_len);
@@ -78,6 +79,7 @@ struct rtrain_jpeg *rtrain_jpeg_open(const uint8_t *data, size_t len, uint32_t *
   *width = jpeg->info.image_width;
   *height = jpeg->info.image_height;
   *components = jpeg->info.num_components;
+  *scan_offset = len - jpeg->info.src->bytes_in_buffer;
   return jpeg;
 }
 
