@@ -201,21 +201,20 @@ impl Plan {
             // Nothing to sample: the output is the normalised black that padding would give.
             return Self { size: size as usize, resample: None };
         }
-        let resample = match transform {
+        match transform {
             Transform::Train { augment, .. } => {
                 let crop = random_resized_crop(height, width, augment, rng);
                 // torch draws the flip after the crop; keep that order.
                 let flip = augment.hflip && rng.random::<f64>() < 0.5;
-                return Self::resized_crop(crop, size, flip);
+                Self::resized_crop(crop, size, flip)
             }
             Transform::Eval { resize, .. } => {
                 let (new_w, new_h) = resized_dims(width, height, *resize);
                 let x = Axis::new(0, width, new_w, center_offset(new_w, size), size);
                 let y = Axis::new(0, height, new_h, center_offset(new_h, size), size);
-                (x, y, false)
+                Self { size: size as usize, resample: Some((x, y, false)) }
             }
-        };
-        Self { size: size as usize, resample: Some(resample) }
+        }
     }
 
     /// torchvision's `resized_crop(image, top, left, height, width, [size, size])`, flipped
