@@ -9,7 +9,7 @@ rtrain / PyTorch. Run from the repository root after `scripts/setup --test` and
 
 Each model and size runs in four modes: fp32 and bf16 autocast, each NCHW and channels-last.
 The last column compares rtrain's best mode with PyTorch's best mode. The limit: the step's
-floating-point rate (src/flops.rs counts the work) as a share of this CPU's attainable rate,
+floating-point rate (src/model/flops.rs counts the work) as a share of this CPU's attainable rate,
 measured with large matrix products through the same libtorch (`rtrain bench peak`). Peak
 memory is each process's largest resident set, measured from outside (bench/measure.py).
 """

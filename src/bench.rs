@@ -20,21 +20,23 @@
 use std::time::Instant;
 
 use serde::Serialize;
-use tch::{Device, Kind, Reduction, Tensor};
+use tch::{Device, Kind, Tensor};
 
+use crate::cluster::grad_sync::{bucket_layout, FIRST_BUCKET_BYTES};
+use crate::cluster::Communicator;
 use crate::config::Config;
-use crate::dist::grad_sync::{bucket_layout, FIRST_BUCKET_BYTES};
-use crate::dist::Communicator;
+use crate::model::precision::{Compute, ShimError};
 use crate::model::{Arch, Model, ModelError};
-use crate::optim::{OptimError, Optimizer};
-use crate::precision::{Compute, ShimError};
+use crate::plan::set_threads;
+use crate::train::optim::{OptimError, Optimizer};
+use crate::train::step::{train_step, GradientSync, StepContext, StepError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error(transparent)]
     Shards(#[from] crate::data::shards::ShardError),
     #[error(transparent)]
-    Data(#[from] crate::data::folder::DataError),
+    Data(#[from] crate::data::dataset::DataError),
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]
@@ -43,6 +45,12 @@ pub enum BenchError {
     Torch(#[from] tch::TchError),
     #[error(transparent)]
     Shim(#[from] ShimError),
+    #[error(transparent)]
+    Step(#[from] StepError),
+    #[error(transparent)]
+    Dist(#[from] crate::cluster::DistError),
+    #[error("--bucket-mb {0}: must be positive")]
+    BucketSize(f64),
 }
 
 #[derive(Debug, Clone)]
@@ -80,14 +88,13 @@ pub struct LoaderBenchResult {
 /// Times `options.batches` training batches (after one warm-up batch) over a seeded
 /// permutation of the split, cycling through it if the split is shorter.
 pub fn bench_loader(options: &LoaderBench) -> Result<LoaderBenchResult, BenchError> {
-    use crate::data::{dataset, loader, transforms};
+    use crate::data::{loader, transforms};
     // The loader's threads do the work; libtorch only allocates the batch tensors.
     tch::set_num_threads(1);
-    let data = dataset::open_split(&options.root, &options.split)?;
-    let source =
-        if options.root.join(crate::data::shards::MANIFEST).is_file() { "shards" } else { "image tree" };
+    let data = crate::data::open_split(&options.root, &options.split)?;
+    let source = if crate::data::shards::is_shard_dir(&options.root) { "shards" } else { "image tree" };
     let wanted = (options.batches + 1) * options.batch_size;
-    let permutation = crate::sampler::epoch_permutation(data.len(), 0, 0);
+    let permutation = crate::data::sampler::epoch_permutation(data.len(), 0, 0);
     let order: Vec<usize> = permutation.iter().copied().cycle().take(wanted).collect();
     let transform =
         transforms::Transform::Train { size: options.image_size, augment: transforms::Augment::default() };
@@ -121,8 +128,8 @@ pub fn bench_loader(options: &LoaderBench) -> Result<LoaderBenchResult, BenchErr
         seconds,
         images_per_second,
         images_per_second_per_core: images_per_second / options.workers.max(1) as f64,
-        peak_rss_mib: crate::memory::peak_rss_mib(),
-        rss_anon_mib: crate::memory::anon_rss_mib(),
+        peak_rss_mib: crate::util::memory::peak_rss_mib(),
+        rss_anon_mib: crate::util::memory::anon_rss_mib(),
     })
 }
 
@@ -167,35 +174,29 @@ pub fn median(values: &[f64]) -> f64 {
 }
 
 pub fn bench_step(options: &StepBench) -> Result<StepBenchResult, BenchError> {
-    let threads = crate::train::set_threads(options.threads, 1);
+    let threads = set_threads(options.threads, 1);
     tch::manual_seed(0);
     let num_classes = 10;
     let device = options.compute.device;
-    crate::device::prepare(device, false);
+    crate::cluster::device::prepare(device, false);
     let model = Model::new(options.arch, num_classes, device)?;
-    crate::train::prepare_model(&model, &options.compute)?;
+    options.compute.prepare_model(&model)?;
     let mut optimizer = Optimizer::new(&Config::default().optim, model.trainable());
     let size = [options.batch_size, 3, options.image_size, options.image_size];
     let images = options.compute.input(&Tensor::f_randn(size, (Kind::Float, Device::Cpu))?)?;
     let labels = Tensor::f_randint(num_classes as i64, [options.batch_size], (Kind::Int64, device))?;
+    let context = StepContext { model: &model, compute: &options.compute, label_smoothing: 0.0 };
     let mut step_seconds = Vec::with_capacity(options.steps);
     for i in 0..options.warmup + options.steps {
         let started = Instant::now();
-        optimizer.zero_grad();
-        let loss = {
-            let _autocast = options.compute.autocast()?;
-            let logits = model.forward_t(&images, true);
-            logits.f_cross_entropy_loss::<Tensor>(&labels, None, Reduction::Mean, -100, 0.0)?
-        };
-        loss.f_backward()?;
-        optimizer.step(0.01)?;
+        train_step(&context, &mut optimizer, &mut GradientSync::Local, &images, &labels, 0.01)?;
         synchronize(device);
         if i >= options.warmup {
             step_seconds.push(started.elapsed().as_secs_f64());
         }
     }
     let median_step_seconds = median(&step_seconds);
-    let flop = crate::flops::training_step_flops(
+    let flop = crate::model::flops::training_step_flops(
         options.arch,
         options.image_size.unsigned_abs(),
         options.batch_size.unsigned_abs(),
@@ -272,29 +273,16 @@ pub fn bench_agree(
                 }
             }
         });
-        crate::train::prepare_model(&model, compute)?;
+        compute.prepare_model(&model)?;
         let mut optimizer = Optimizer::new(&Config::default().optim, model.trainable());
-        optimizer.zero_grad();
-        let logits = {
-            let input = compute.input(&images)?;
-            let _autocast = compute.autocast()?;
-            model.forward_t(&input, true)
-        };
-        let loss = logits.to_kind(Kind::Float).f_cross_entropy_loss::<Tensor>(
-            &compute.labels(&labels),
-            None,
-            Reduction::Mean,
-            -100,
-            0.0,
-        )?;
-        loss.f_backward()?;
-        optimizer.step(0.01)?;
+        let context = StepContext { model: &model, compute, label_smoothing: 0.0 };
+        let step = train_step(&context, &mut optimizer, &mut GradientSync::Local, &images, &labels, 0.01)?;
         let weights = model
             .trainable()
             .into_iter()
             .map(|(name, w)| (name, w.detach().to_device(Device::Cpu).contiguous()))
             .collect();
-        Ok((loss.f_double_value(&[])?, logits.detach().to_device(Device::Cpu).to_kind(Kind::Float), weights))
+        Ok((step.loss, step.logits.detach().to_device(Device::Cpu).to_kind(Kind::Float), weights))
     };
     let (loss_reference, logits_reference, weights_reference) = step(&reference)?;
     let (loss_other, logits_other, weights_other) = step(&other)?;
@@ -334,12 +322,12 @@ pub fn bench_peak(
     threads: usize,
     device: Device,
     side: i64,
-    precision: crate::precision::Precision,
+    precision: crate::model::precision::Precision,
     repeats: usize,
 ) -> Result<PeakBenchResult, BenchError> {
-    let threads = crate::train::set_threads(threads, 1);
+    let threads = set_threads(threads, 1);
     let kind = match precision {
-        crate::precision::Precision::Bf16 => Kind::BFloat16,
+        crate::model::precision::Precision::Bf16 => Kind::BFloat16,
         _ => Kind::Float,
     };
     let a = Tensor::f_randn([side, side], (kind, device))?;
@@ -384,6 +372,52 @@ pub struct AllreduceBenchResult {
     pub algbw_gbit: f64,
     /// algbw x 2(p-1)/p, in Gbit/s: what each rank's link carried.
     pub busbw_gbit: f64,
+}
+
+/// `rtrain bench allreduce`: every model's gradients in buckets of every size.
+pub struct AllreduceSuite {
+    pub archs: Vec<Arch>,
+    pub bucket_mbs: Vec<f64>,
+    pub algorithm: crate::cluster::AllreduceAlgorithm,
+    /// Blocking calls instead of the communication thread's polled non-blocking ones.
+    pub blocking: bool,
+    pub warmup: usize,
+    pub iterations: usize,
+}
+
+/// What rank 0 hears of a running suite.
+pub enum AllreduceEvent<'a> {
+    Started(&'a crate::cluster::Topology),
+    Measured(AllreduceBenchResult),
+}
+
+/// Runs the suite as one rank of the job (every rank calls it, under mpirun); rank 0 hears of
+/// each measurement as it is made.
+pub fn allreduce_suite(
+    suite: &AllreduceSuite,
+    mut on_root: impl FnMut(AllreduceEvent<'_>),
+) -> Result<(), BenchError> {
+    if let Some(&bad) = suite.bucket_mbs.iter().find(|mb| mb.is_nan() || **mb <= 0.0) {
+        return Err(BenchError::BucketSize(bad));
+    }
+    let comm = crate::cluster::init(suite.algorithm)?;
+    let topology = comm.topology().clone();
+    if topology.is_root() {
+        on_root(AllreduceEvent::Started(&topology));
+    }
+    // The poll interval training uses by default (`dist.poll_us`).
+    let poll = (!suite.blocking)
+        .then(|| std::time::Duration::from_micros(crate::config::DistConfig::default().poll_us));
+    for &arch in &suite.archs {
+        for &bucket_mb in &suite.bucket_mbs {
+            let result =
+                bench_allreduce(comm.as_ref(), arch, bucket_mb, poll, suite.warmup, suite.iterations)?;
+            if topology.is_root() {
+                on_root(AllreduceEvent::Measured(result));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Times the all-reduce of `arch`'s trainable gradients in buckets of `bucket_mb`, every
@@ -442,7 +476,7 @@ pub fn bench_allreduce(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::precision::Precision;
+    use crate::model::precision::Precision;
 
     #[test]
     fn agree_finds_no_difference_in_the_same_computation_and_a_real_one_in_bf16() {

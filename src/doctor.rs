@@ -9,14 +9,18 @@
 //! Apptainer, Docker and Podman with or without GPUs are simulated without them.
 //! The judgement ([`findings`]) is a pure function of the gathered [`Facts`].
 
-use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::dist::Topology;
-use crate::launcher::LaunchInfo;
+use crate::cluster::launcher::{self, LaunchInfo};
+pub use crate::cluster::runtime::{
+    detect_image, detect_runtime, driver_version, gpu_devices, gpus_requested, Probe, Runtime,
+};
+use crate::cluster::Topology;
+use crate::config::{Config, DEFAULT_DATA_ROOT};
+use crate::model::precision::{self, Compute};
+use crate::run_dir::manifest::LIBTORCH_VERSION;
 
 /// Below this much free space in the run directory's filesystem, checkpoints may not fit
 /// (a ResNet-50 checkpoint with SGD momentum is about 200 MB; `checkpoint.keep_last` of them).
@@ -24,113 +28,6 @@ pub const MIN_RUN_DIR_FREE: u64 = 1 << 30;
 /// Docker and Podman give containers a 64 MiB `/dev/shm`; Open MPI's shared-memory transport
 /// puts its segments there and fails or falls back to slow paths when it is that small.
 pub const MIN_SHM_FREE: u64 = 256 << 20;
-
-/// Where detection looks: environment variables and a filesystem root.
-#[derive(Debug, Clone)]
-pub struct Probe {
-    root: PathBuf,
-    vars: BTreeMap<String, String>,
-}
-
-impl Probe {
-    /// This process: `/` and its environment.
-    pub fn process() -> Probe {
-        Probe { root: PathBuf::from("/"), vars: std::env::vars().collect() }
-    }
-
-    /// A simulated machine: `root` stands for `/`.
-    pub fn simulated(root: impl Into<PathBuf>, vars: &[(&str, &str)]) -> Probe {
-        let vars = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Probe { root: root.into(), vars }
-    }
-
-    /// A variable's value, treating empty as unset.
-    pub fn var(&self, name: &str) -> Option<&str> {
-        self.vars.get(name).map(String::as_str).filter(|v| !v.is_empty())
-    }
-
-    /// An absolute path of the probed machine, under the probe's root.
-    pub fn path(&self, absolute: &str) -> PathBuf {
-        self.root.join(absolute.trim_start_matches('/'))
-    }
-}
-
-/// The container runtime the process runs under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Runtime {
-    Apptainer,
-    Podman,
-    Docker,
-    None,
-}
-
-impl fmt::Display for Runtime {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Runtime::Apptainer => "apptainer",
-            Runtime::Podman => "podman",
-            Runtime::Docker => "docker",
-            Runtime::None => "none",
-        })
-    }
-}
-
-/// Reads the marks each runtime leaves: Apptainer/Singularity's variables and `/.singularity.d`,
-/// Podman's `/run/.containerenv` (or `container=podman`), Docker's `/.dockerenv`. Podman is
-/// checked before Docker because Podman may create `/.dockerenv` too.
-pub fn detect_runtime(probe: &Probe) -> Runtime {
-    let apptainer_var =
-        ["APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "APPTAINER_NAME", "SINGULARITY_NAME"]
-            .iter()
-            .any(|name| probe.var(name).is_some());
-    if apptainer_var || probe.path("/.singularity.d").is_dir() {
-        Runtime::Apptainer
-    } else if probe.path("/run/.containerenv").exists() || probe.var("container") == Some("podman") {
-        Runtime::Podman
-    } else if probe.path("/.dockerenv").exists() {
-        Runtime::Docker
-    } else {
-        Runtime::None
-    }
-}
-
-/// The image: Apptainer's SIF path, or what the image's own environment says (`RTRAIN_IMAGE`,
-/// set by the Containerfile).
-pub fn detect_image(probe: &Probe) -> Option<String> {
-    ["APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "RTRAIN_IMAGE"]
-        .iter()
-        .find_map(|name| probe.var(name))
-        .map(str::to_string)
-}
-
-/// The NVIDIA GPU device nodes visible in `/dev` (`nvidia0`, `nvidia1`, ...), in index order.
-/// Every runtime that passes GPUs in (`--nv`, `--gpus`, CDI) makes these appear; the variables
-/// that ask for GPUs prove nothing on their own.
-pub fn gpu_devices(probe: &Probe) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(probe.path("/dev")) else { return Vec::new() };
-    let mut indexed: Vec<(u32, String)> = entries
-        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-        .filter_map(|name| Some((name.strip_prefix("nvidia")?.parse().ok()?, name)))
-        .collect();
-    indexed.sort();
-    indexed.into_iter().map(|(_, name)| name).collect()
-}
-
-/// The loaded NVIDIA kernel driver's version, from `/proc/driver/nvidia/version`
-/// ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.82.07  ...").
-pub fn driver_version(probe: &Probe) -> Option<String> {
-    let text = std::fs::read_to_string(probe.path("/proc/driver/nvidia/version")).ok()?;
-    let line = text.lines().find(|line| line.starts_with("NVRM version"))?;
-    let after = line.split("Kernel Module").nth(1)?;
-    after.split_whitespace().next().map(str::to_string)
-}
-
-/// Whether the environment asks for GPUs: NVIDIA's images set `NVIDIA_VISIBLE_DEVICES`, and
-/// the runtimes' GPU options are expected to honour it.
-pub fn gpus_requested(probe: &Probe) -> bool {
-    probe.var("NVIDIA_VISIBLE_DEVICES").is_some_and(|v| !matches!(v, "void" | "none"))
-}
 
 /// Free space of the filesystem that holds `path`, or would hold it once created (the nearest
 /// existing ancestor is measured).
@@ -242,7 +139,7 @@ impl Facts {
         Facts {
             runtime: detect_runtime(probe),
             image: detect_image(probe),
-            hostname: crate::dist::hostname(),
+            hostname: crate::cluster::hostname(),
             gpu_devices: gpu_devices(probe),
             gpus_requested: gpus_requested(probe),
             driver: driver_version(probe),
@@ -465,6 +362,101 @@ pub fn render(facts: &Facts, findings: &[Finding], preamble: &[String]) -> Strin
         }
     }
     out
+}
+
+/// What `rtrain doctor` reports: the facts it gathered, the problems it found, and how the
+/// configuration would compute here.
+pub struct Examination {
+    pub facts: Facts,
+    pub problems: Vec<Finding>,
+    pub device: tch::Device,
+    pub compute: Compute,
+    pub compute_reason: String,
+}
+
+/// Gathers the facts of this process (under a launcher it joins the job, since MPI's
+/// communicator is the truth) and judges them, with `config` saying which directories matter.
+pub fn examine(config: &Config) -> Examination {
+    let device = if tch::Cuda::is_available() { tch::Device::Cuda(0) } else { tch::Device::Cpu };
+    let (precision, compute_reason) = precision::resolve(config.train.precision, device);
+    let compute = Compute { precision, channels_last: config.train.channels_last, device };
+    let probe = Probe::process();
+    // A malformed launcher variable is a finding, not the end of the report.
+    let (launch, launch_error) = match launcher::detect_from_process() {
+        Ok(launch) => (launch, None),
+        Err(error) => (None, Some(error.to_string())),
+    };
+    let cuda = Cuda {
+        built: cfg!(feature = "cuda"),
+        available: tch::Cuda::is_available(),
+        devices: usize::try_from(tch::Cuda::device_count()).unwrap_or(0),
+        cudnn: tch::Cuda::cudnn_is_available(),
+        nccl: crate::cluster::nccl::NcclLibrary::load()
+            .map(|nccl| format!("NCCL {}", nccl.version_string()))
+            .map_err(|err| err.to_string()),
+    };
+    // Under a launcher, join the job to show what MPI says; a failure to join is a finding.
+    let mut mpi = Mpi::from_launch(launch.as_ref());
+    mpi.error = launch_error;
+    if launch.is_some() {
+        match crate::cluster::init(crate::cluster::AllreduceAlgorithm::Mpi) {
+            Ok(comm) => {
+                let job = comm.topology().clone();
+                match crate::cluster::device_for(&job, cuda.devices) {
+                    Ok(device) => mpi.rank_device = Some(format!("{device:?}")),
+                    Err(error) => mpi.device_error = Some(error.to_string()),
+                }
+                mpi.job = Some(job);
+            }
+            Err(error) => mpi.error = Some(error.to_string()),
+        }
+    }
+    let local_ranks = mpi.job.as_ref().map_or(1, |job| job.local_world_size);
+    let threads = Threads {
+        cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        configured: config.train.threads,
+        local_ranks,
+    };
+    let mut facts = Facts::from_probe(&probe, cuda, mpi, threads);
+    facts.data_is_default = config.data.root == Path::new(DEFAULT_DATA_ROOT);
+    facts.directories = vec![
+        Directory::probe("data", &config.data.root),
+        Directory::probe("run", &config.run.dir),
+        Directory::probe("shm", &probe.path("/dev/shm")),
+    ];
+    if let Some(stage_dir) = &config.data.stage_dir {
+        facts.directories.push(Directory::probe("stage", stage_dir));
+    }
+    let problems = findings(&facts);
+    Examination { facts, problems, device, compute, compute_reason }
+}
+
+impl Examination {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "rtrain": env!("CARGO_PKG_VERSION"),
+            "libtorch": LIBTORCH_VERSION,
+            "cpu": {"native_bf16": precision::cpu_has_native_bf16()},
+            "compute": {
+                "device": format!("{:?}", self.device),
+                "precision": self.compute.precision.to_string(),
+                "precision_reason": self.compute_reason,
+                "channels_last": self.compute.channels_last,
+            },
+            "environment": self.facts,
+            "problems": self.problems,
+        })
+    }
+
+    /// The report as people read it.
+    pub fn render(&self) -> String {
+        let preamble = [
+            format!("rtrain {} on libtorch {LIBTORCH_VERSION}", env!("CARGO_PKG_VERSION")),
+            format!("cpu: native bf16 {}", precision::cpu_has_native_bf16()),
+            format!("compute: {} ({})", self.compute, self.compute_reason),
+        ];
+        render(&self.facts, &self.problems, &preamble)
+    }
 }
 
 #[cfg(test)]
@@ -708,7 +700,7 @@ mod tests {
         let mut facts = quiet_facts(&probe, true, true);
         let mut job = Topology::single();
         (job.rank, job.world_size, job.local_rank, job.local_world_size) = (2, 4, 2, 4);
-        let error = crate::dist::device_for(&job, facts.cuda.devices).unwrap_err();
+        let error = crate::cluster::device_for(&job, facts.cuda.devices).unwrap_err();
         facts.mpi.device_error = Some(error.to_string());
         let found = findings(&facts);
         assert_eq!(found.len(), 1, "{found:?}");

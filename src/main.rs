@@ -7,7 +7,7 @@ use clap::Parser;
 use rtrain::cli::{self, Cli};
 
 fn main() -> ExitCode {
-    rtrain::memory::tune_allocator_for_training();
+    rtrain::util::memory::tune_allocator_for_training();
     let cli = Cli::parse();
     match cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,

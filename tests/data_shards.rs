@@ -72,7 +72,7 @@ fn webdataset_reads_every_sample_and_verify_names_a_flipped_shard() {
 
     common::rtrain(dir.path()).args(["data", "verify"]).arg(&shards).assert().success();
     let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(shards.join("manifest.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(shards.join("shards.json")).unwrap()).unwrap();
     let victim = manifest["splits"]["val"]["shards"][0]["name"].as_str().unwrap().to_string();
     let mut bytes = std::fs::read(shards.join(&victim)).unwrap();
     bytes[2000] ^= 0x10;
@@ -168,7 +168,7 @@ fn a_damaged_source_shard_fails_the_staging_job_promptly_naming_it() {
     let data = tree(dir.path());
     let shards = prepare(dir.path(), &data);
     let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(shards.join("manifest.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(shards.join("shards.json")).unwrap()).unwrap();
     let victim = manifest["splits"]["train"]["shards"][0]["name"].as_str().unwrap().to_string();
     let mut bytes = std::fs::read(shards.join(&victim)).unwrap();
     bytes[1000] ^= 0x01;

@@ -56,7 +56,7 @@ fn run_ok(mut command: Command, what: &str) -> Output {
 }
 
 fn weights(run: &Path) -> std::collections::BTreeMap<String, Tensor> {
-    rtrain::tensor_io::read_safetensors(&run.join("model.safetensors")).unwrap().tensors
+    rtrain::util::tensor_io::read_safetensors(&run.join("model.safetensors")).unwrap().tensors
 }
 
 fn max_abs_diff(
@@ -156,7 +156,7 @@ fn only_rank_zero_writes_and_replicas_agree() {
 
     let run = a.join("run");
     assert!(run.join("model.safetensors").exists() && run.join("metrics.jsonl").exists());
-    let checkpoints = rtrain::checkpoint::list_step_checkpoints(&run.join("checkpoints")).unwrap();
+    let checkpoints = rtrain::run_dir::RunPaths::new(&run).step_checkpoints().unwrap();
     assert!(!checkpoints.is_empty(), "rank 0 saved no checkpoint");
     assert!(!b.join("run").exists(), "rank 1 wrote into its own working directory");
 
@@ -235,7 +235,7 @@ fn a_killed_rank_ends_the_job_and_the_run_resumes() {
     let mut child = first.spawn().unwrap();
     let started = Instant::now();
     loop {
-        let saved = rtrain::checkpoint::list_step_checkpoints(&run.join("checkpoints")).unwrap_or_default();
+        let saved = rtrain::run_dir::RunPaths::new(&run).step_checkpoints().unwrap_or_default();
         if saved.len() >= 2 {
             break;
         }
@@ -251,8 +251,8 @@ fn a_killed_rank_ends_the_job_and_the_run_resumes() {
     assert!(!status.success(), "mpirun reported success after a rank was killed");
     eprintln!("job ended {:.1} s after the kill", killed_at.elapsed().as_secs_f64());
     assert!(!run.join("summary.json").exists(), "the run cannot have finished");
-    let latest = rtrain::checkpoint::latest_valid(&run.join("checkpoints")).expect("a valid checkpoint");
-    rtrain::checkpoint::load(&latest, None).expect("the newest checkpoint loads");
+    let latest = rtrain::run_dir::RunPaths::new(&run).latest_valid_checkpoint().expect("a valid checkpoint");
+    rtrain::run_dir::checkpoint::load(&latest, None).expect("the newest checkpoint loads");
 
     let mut resumed = mpirun(dir.path());
     resumed.args(["-np", "2", rtrain_bin(), "train", "--run-dir", "run", "--resume", "auto"]).args(&settings);

@@ -6,8 +6,8 @@ mod common;
 use std::collections::BTreeMap;
 
 use rtrain::config::{OptimConfig, OptimKind, ScheduleConfig, ScheduleKind};
-use rtrain::optim::{Optimizer, Schedule};
-use rtrain::tensor_io::read_safetensors;
+use rtrain::train::optim::{Optimizer, Schedule};
+use rtrain::util::tensor_io::read_safetensors;
 use serde_json::Value;
 use tch::{Kind, Tensor};
 

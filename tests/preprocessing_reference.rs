@@ -9,7 +9,7 @@ mod common;
 use rand::{Rng, SeedableRng};
 use rtrain::data::decode::{decode, decode_region};
 use rtrain::data::transforms::{sample_rng, Crop, Plan, Transform};
-use rtrain::tensor_io::read_safetensors;
+use rtrain::util::tensor_io::read_safetensors;
 use tch::Tensor;
 
 #[derive(serde::Deserialize)]

@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use predicates::prelude::*;
-use rtrain::manifest::Manifest;
+use rtrain::run_dir::manifest::Manifest;
 
 /// Trains 2 short epochs of ResNet-18 on `data` into `dir/name` with `seed`.
 fn train(dir: &Path, data: &Path, name: &str, seed: u64) -> PathBuf {

@@ -6,9 +6,9 @@ mod common;
 
 use std::collections::HashMap;
 
-use rtrain::checkpoint::{self, CheckpointMeta, EpochTotals};
 use rtrain::model::{Arch, Model};
-use rtrain::tensor_io::{read_safetensors, write_safetensors};
+use rtrain::run_dir::checkpoint::{self, CheckpointMeta, EpochTotals};
+use rtrain::util::tensor_io::{read_safetensors, write_safetensors};
 use tch::{Device, Kind, Tensor};
 
 fn exported_logits_match(arch: Arch, num_classes: usize) {

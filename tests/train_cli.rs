@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use predicates::prelude::*;
-use rtrain::manifest::{Finding, Manifest};
+use rtrain::run_dir::manifest::{Finding, Manifest};
 use serde_json::Value;
 
 fn summary(run_dir: &Path) -> Value {
@@ -155,7 +155,7 @@ fn resume_after_kill_is_bit_identical() {
         .stderr(predicate::str::contains("resumed from"));
     let resumed = summary(&killed);
     let from = PathBuf::from(resumed["resumed_from"].as_str().expect("resumed_from"));
-    let meta = rtrain::checkpoint::read_meta(&from).unwrap();
+    let meta = rtrain::run_dir::checkpoint::read_meta(&from).unwrap();
     assert!(meta.step_in_epoch > 0, "the kill should have landed mid-epoch, got {meta:?}");
     assert_eq!(resumed["weights_sha256"], summary(&straight)["weights_sha256"], "resumed weights differ");
     assert_eq!(resumed["final_eval"], summary(&straight)["final_eval"]);
@@ -167,7 +167,7 @@ fn resume_after_kill_is_bit_identical() {
         a.epochs.iter().map(|e| e.train_loss).collect::<Vec<_>>(),
         b.epochs.iter().map(|e| e.train_loss).collect::<Vec<_>>()
     );
-    assert!(rtrain::manifest::verify(&killed).unwrap().iter().all(|f| matches!(f, Finding::Ok(_))));
+    assert!(rtrain::run_dir::manifest::verify(&killed).unwrap().iter().all(|f| matches!(f, Finding::Ok(_))));
 
     // A different seed really changes the weights, so the equality above means something.
     let other = dir.path().join("other-seed");
@@ -182,7 +182,7 @@ fn resume_after_kill_is_bit_identical() {
     assert_ne!(summary(&other)["weights_sha256"], summary(&straight)["weights_sha256"]);
 
     // Retention kept the newest two step checkpoints, plus best.
-    let kept = rtrain::checkpoint::list_step_checkpoints(&straight.join("checkpoints")).unwrap();
+    let kept = rtrain::run_dir::RunPaths::new(&straight).step_checkpoints().unwrap();
     assert_eq!(kept.len(), 2, "{kept:?}");
     assert!(straight.join("checkpoints/best.safetensors").exists());
 
@@ -260,8 +260,8 @@ fn frozen_backbone_keeps_pretrained_weights() {
         .assert()
         .success()
         .stderr(predicate::str::contains("re-initialised [\"fc.bias\", \"fc.weight\"]"));
-    let before = rtrain::tensor_io::read_safetensors(&pretrained).unwrap().tensors;
-    let after = rtrain::tensor_io::read_safetensors(&run.join("model.safetensors")).unwrap().tensors;
+    let before = rtrain::util::tensor_io::read_safetensors(&pretrained).unwrap().tensors;
+    let after = rtrain::util::tensor_io::read_safetensors(&run.join("model.safetensors")).unwrap().tensors;
     assert!(after["layer2.0.conv1.weight"].equal(&before["layer2.0.conv1.weight"]), "frozen weights changed");
     assert_eq!(after["fc.weight"].size(), vec![4, 512]);
 }

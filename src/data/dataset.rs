@@ -3,14 +3,94 @@
 //! evaluation, hashing and benchmarks do not care which.
 
 use std::borrow::Cow;
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use image::RgbImage;
 
-use super::decode::decode;
-use super::folder::{DataError, ImageFolder};
-use super::shards::{ShardError, ShardSet, MANIFEST};
+use super::decode::{decode, DecodeError};
+
+/// Everything that can go wrong while reading, decoding or batching image data. Each message
+/// names the file or directory involved so a user can find the offending input.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// The dataset root does not exist.
+    #[error("image folder {} does not exist", path.display())]
+    Missing {
+        /// The path that was looked for.
+        path: PathBuf,
+    },
+    /// The dataset root exists but is not a directory.
+    #[error("image folder {} is not a directory", path.display())]
+    NotADirectory {
+        /// The offending path.
+        path: PathBuf,
+    },
+    /// Listing a directory or opening a file failed.
+    #[error("reading {}: {source}", path.display())]
+    Io {
+        /// The directory or file being read.
+        path: PathBuf,
+        /// The underlying failure.
+        source: io::Error,
+    },
+    /// The root has no subdirectories, so there are no classes.
+    #[error("image folder {} has no class subdirectories", path.display())]
+    NoClasses {
+        /// The dataset root.
+        path: PathBuf,
+    },
+    /// A class directory holds no `.jpg`/`.jpeg`/`.png` file; torchvision refuses this too,
+    /// because the class would silently never be seen in training.
+    #[error("class directory {} contains no .jpg, .jpeg or .png images", path.display())]
+    EmptyClass {
+        /// The class directory.
+        path: PathBuf,
+    },
+    /// A file could not be decoded as an image.
+    #[error("decoding image {}: {source}", path.display())]
+    Decode {
+        /// The file that failed to decode.
+        path: PathBuf,
+        /// The decoder's complaint.
+        source: DecodeError,
+    },
+    /// A sample index beyond the end of the dataset (a sampler bug, or an order built for a
+    /// different tree).
+    #[error("sample index {index} is out of range for image folder {} with {len} samples", root.display())]
+    IndexOutOfRange {
+        /// The requested index.
+        index: usize,
+        /// The number of samples in the dataset.
+        len: usize,
+        /// The dataset root.
+        root: PathBuf,
+    },
+    /// Loader options that cannot produce batches.
+    #[error("invalid loader options for image folder {}: {reason}", root.display())]
+    InvalidOptions {
+        /// The dataset root.
+        root: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// libtorch refused to build a batch tensor.
+    #[error("building a batch tensor for image folder {}: {source}", root.display())]
+    Tensor {
+        /// The dataset root.
+        root: PathBuf,
+        /// The libtorch error.
+        source: tch::TchError,
+    },
+    /// A loader worker thread died (panicked) without reporting an error.
+    #[error("loader worker {worker} for image folder {} stopped unexpectedly", root.display())]
+    WorkerLost {
+        /// The worker's number.
+        worker: usize,
+        /// The dataset root.
+        root: PathBuf,
+    },
+}
 
 /// A split of labelled images with random access by index.
 pub trait Dataset: Send + Sync {
@@ -36,48 +116,4 @@ pub trait Dataset: Send + Sync {
     fn describe(&self, index: usize) -> String;
     /// The files the split is read from (images or shards), in a fixed order, for hashing.
     fn files(&self) -> Vec<PathBuf>;
-}
-
-/// Opens `split` of the dataset at `root`: WebDataset shards when `root` holds rtrain's
-/// shard `manifest.json`, else the image tree `root/<split>/<class>/...`.
-pub fn open_split(root: &Path, split: &str) -> Result<Arc<dyn Dataset>, ShardError> {
-    if root.join(MANIFEST).is_file() {
-        Ok(Arc::new(ShardSet::open(root, split)?))
-    } else {
-        Ok(Arc::new(ImageFolder::open(&root.join(split))?))
-    }
-}
-
-impl Dataset for ImageFolder {
-    fn root(&self) -> &Path {
-        &self.root
-    }
-
-    fn classes(&self) -> &[String] {
-        &self.classes
-    }
-
-    fn len(&self) -> usize {
-        self.samples.len()
-    }
-
-    fn label(&self, index: usize) -> Option<usize> {
-        self.samples.get(index).map(|s| s.1)
-    }
-
-    fn encoded(&self, index: usize) -> Result<Cow<'_, [u8]>, DataError> {
-        ImageFolder::encoded(self, index).map(Cow::Owned)
-    }
-
-    fn load(&self, index: usize) -> Result<RgbImage, DataError> {
-        ImageFolder::load(self, index)
-    }
-
-    fn describe(&self, index: usize) -> String {
-        self.samples.get(index).map_or_else(|| format!("#{index}"), |s| s.0.display().to_string())
-    }
-
-    fn files(&self) -> Vec<PathBuf> {
-        self.samples.iter().map(|s| s.0.clone()).collect()
-    }
 }

@@ -5,6 +5,7 @@
 //! modules reuse. Class and sample order follow torchvision exactly, so a label index here
 //! means the same class as in a PyTorch model trained on the same tree.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fs;
@@ -13,89 +14,8 @@ use std::path::{Path, PathBuf};
 
 use image::RgbImage;
 
-use super::decode::{decode, DecodeError};
-
-/// Everything that can go wrong while reading, decoding or batching image data. Each message
-/// names the file or directory involved so a user can find the offending input.
-#[derive(Debug, thiserror::Error)]
-pub enum DataError {
-    /// The dataset root does not exist.
-    #[error("image folder {} does not exist", path.display())]
-    Missing {
-        /// The path that was looked for.
-        path: PathBuf,
-    },
-    /// The dataset root exists but is not a directory.
-    #[error("image folder {} is not a directory", path.display())]
-    NotADirectory {
-        /// The offending path.
-        path: PathBuf,
-    },
-    /// Listing a directory or opening a file failed.
-    #[error("reading {}: {source}", path.display())]
-    Io {
-        /// The directory or file being read.
-        path: PathBuf,
-        /// The underlying failure.
-        source: io::Error,
-    },
-    /// The root has no subdirectories, so there are no classes.
-    #[error("image folder {} has no class subdirectories", path.display())]
-    NoClasses {
-        /// The dataset root.
-        path: PathBuf,
-    },
-    /// A class directory holds no `.jpg`/`.jpeg`/`.png` file; torchvision refuses this too,
-    /// because the class would silently never be seen in training.
-    #[error("class directory {} contains no .jpg, .jpeg or .png images", path.display())]
-    EmptyClass {
-        /// The class directory.
-        path: PathBuf,
-    },
-    /// A file could not be decoded as an image.
-    #[error("decoding image {}: {source}", path.display())]
-    Decode {
-        /// The file that failed to decode.
-        path: PathBuf,
-        /// The decoder's complaint.
-        source: DecodeError,
-    },
-    /// A sample index beyond the end of the dataset (a sampler bug, or an order built for a
-    /// different tree).
-    #[error("sample index {index} is out of range for image folder {} with {len} samples", root.display())]
-    IndexOutOfRange {
-        /// The requested index.
-        index: usize,
-        /// The number of samples in the dataset.
-        len: usize,
-        /// The dataset root.
-        root: PathBuf,
-    },
-    /// Loader options that cannot produce batches.
-    #[error("invalid loader options for image folder {}: {reason}", root.display())]
-    InvalidOptions {
-        /// The dataset root.
-        root: PathBuf,
-        /// What is wrong.
-        reason: String,
-    },
-    /// libtorch refused to build a batch tensor.
-    #[error("building a batch tensor for image folder {}: {source}", root.display())]
-    Tensor {
-        /// The dataset root.
-        root: PathBuf,
-        /// The libtorch error.
-        source: tch::TchError,
-    },
-    /// A loader worker thread died (panicked) without reporting an error.
-    #[error("loader worker {worker} for image folder {} stopped unexpectedly", root.display())]
-    WorkerLost {
-        /// The worker's number.
-        worker: usize,
-        /// The dataset root.
-        root: PathBuf,
-    },
-}
+use super::dataset::{DataError, Dataset};
+use super::decode::decode;
 
 /// File extensions accepted as images, compared case-insensitively.
 const EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
@@ -260,6 +180,40 @@ fn collect_class(
         samples.extend(files.into_iter().map(|path| (path, label)));
     }
     Ok(())
+}
+
+impl Dataset for ImageFolder {
+    fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn classes(&self) -> &[String] {
+        &self.classes
+    }
+
+    fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    fn label(&self, index: usize) -> Option<usize> {
+        self.samples.get(index).map(|s| s.1)
+    }
+
+    fn encoded(&self, index: usize) -> Result<Cow<'_, [u8]>, DataError> {
+        ImageFolder::encoded(self, index).map(Cow::Owned)
+    }
+
+    fn load(&self, index: usize) -> Result<RgbImage, DataError> {
+        ImageFolder::load(self, index)
+    }
+
+    fn describe(&self, index: usize) -> String {
+        self.samples.get(index).map_or_else(|| format!("#{index}"), |s| s.0.display().to_string())
+    }
+
+    fn files(&self) -> Vec<PathBuf> {
+        self.samples.iter().map(|s| s.0.clone()).collect()
+    }
 }
 
 #[cfg(test)]

@@ -17,9 +17,9 @@ use tch::{Device, Kind, Tensor};
 
 use rand_chacha::ChaCha8Rng;
 
+use super::dataset::DataError;
 use super::dataset::Dataset;
 use super::decode::decode_region;
-use super::folder::DataError;
 use super::transforms::{sample_rng, Plan, Transform};
 
 /// One batch of transformed images.

@@ -26,16 +26,20 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::atomic_dir::{self, AtomicDirError};
+use super::dataset::DataError;
 use super::dataset::Dataset;
-use super::folder::{DataError, ImageFolder};
+use super::folder::ImageFolder;
+use super::ingest::atomic_dir::{self, AtomicDirError};
 
-/// The manifest's file name, in a shard directory.
-pub const MANIFEST: &str = "manifest.json";
+/// The shard manifest's file name, in a shard directory.
+pub const MANIFEST: &str = "shards.json";
+/// Its name in shard directories written by rtrain 0.1.0, which a run directory's manifest
+/// shares; still read when its `format` says it is a shard manifest.
+const LEGACY_MANIFEST: &str = "manifest.json";
 /// The manifest's `format` value.
 pub const FORMAT: &str = "webdataset";
 
-/// `OUT/manifest.json`.
+/// `OUT/shards.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ShardManifest {
     pub format: String,
@@ -65,9 +69,9 @@ pub struct ShardInfo {
 }
 
 impl ShardManifest {
-    /// Reads `dir/manifest.json`.
+    /// Reads the shard manifest of `dir` (`shards.json`, or a 0.1.0 set's `manifest.json`).
     pub fn read(dir: &Path) -> Result<ShardManifest, ShardError> {
-        let path = dir.join(MANIFEST);
+        let path = manifest_path(dir);
         let text = fs::read(&path).map_err(|source| ShardError::Io { path: path.clone(), source })?;
         let manifest: ShardManifest = serde_json::from_slice(&text)
             .map_err(|source| ShardError::Manifest { path: path.clone(), source })?;
@@ -91,6 +95,34 @@ impl ShardManifest {
     pub fn all_shards(&self) -> impl Iterator<Item = &ShardInfo> {
         self.splits.values().flat_map(|split| split.shards.iter())
     }
+}
+
+/// Where `dir`'s shard manifest is: `shards.json`, else a legacy `manifest.json` whose
+/// `format` is a shard set's (a run directory's manifest is not), else `shards.json` (absent).
+fn manifest_path(dir: &Path) -> PathBuf {
+    let current = dir.join(MANIFEST);
+    let legacy = dir.join(LEGACY_MANIFEST);
+    if current.is_file() || !legacy.is_file() {
+        return current;
+    }
+    #[derive(Deserialize)]
+    struct Format {
+        format: Option<String>,
+    }
+    let is_shard_manifest = fs::read(&legacy)
+        .ok()
+        .and_then(|text| serde_json::from_slice::<Format>(&text).ok())
+        .is_some_and(|manifest| manifest.format.as_deref() == Some(FORMAT));
+    if is_shard_manifest {
+        legacy
+    } else {
+        current
+    }
+}
+
+/// Whether `dir` holds a shard set (a shard manifest, of this version or 0.1.0).
+pub fn is_shard_dir(dir: &Path) -> bool {
+    manifest_path(dir).is_file()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -391,9 +423,11 @@ pub fn stage(src: &Path, dest: &Path) -> Result<StageReport, ShardError> {
     let manifest = ShardManifest::read(src)?;
     fs::create_dir_all(dest).map_err(io_err(dest))?;
     // An earlier staging's manifest must not vouch for a half-replaced set if this one fails.
-    match fs::remove_file(dest.join(MANIFEST)) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_err(&dest.join(MANIFEST))(e)),
-        _ => {}
+    for name in [MANIFEST, LEGACY_MANIFEST] {
+        match fs::remove_file(dest.join(name)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_err(&dest.join(name))(e)),
+            _ => {}
+        }
     }
     let mut report = StageReport::default();
     for shard in manifest.all_shards() {
@@ -429,7 +463,7 @@ pub fn stage(src: &Path, dest: &Path) -> Result<StageReport, ShardError> {
         report.bytes_copied += bytes;
     }
     let text = serde_json::to_vec_pretty(&manifest).expect("the manifest serialises");
-    crate::tensor_io::write_atomic(&dest.join(MANIFEST), &text)
+    crate::util::tensor_io::write_atomic(&dest.join(MANIFEST), &text)
         .map_err(|e| ShardError::Io { path: dest.join(MANIFEST), source: io::Error::other(e.to_string()) })?;
     Ok(report)
 }

@@ -6,19 +6,18 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-
 use super::plot::{self, PlotError, Series};
-use crate::eval::EvalReport;
-use crate::manifest::Manifest;
-use crate::tensor_io::{self, TensorIoError};
+use crate::run_dir::manifest::Manifest;
+use crate::run_dir::records::{self, EpochRecord, EvalReport, MetricsRecord, RecordError, StepRecord};
+use crate::run_dir::RunPaths;
+use crate::util::tensor_io::{self, TensorIoError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunReportError {
+    #[error(transparent)]
+    Read(#[from] RecordError),
     #[error("{path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
-    #[error("{path}: line {line}: {problem}")]
-    Parse { path: PathBuf, line: usize, problem: String },
+    CreateDir { path: PathBuf, source: std::io::Error },
     #[error("{path}: no epoch finished yet, nothing to report")]
     NoEpochs { path: PathBuf },
     #[error(transparent)]
@@ -27,58 +26,24 @@ pub enum RunReportError {
     Write(#[from] TensorIoError),
 }
 
-/// One line of metrics.jsonl: a step record or an epoch record.
-#[derive(Debug, Clone, Deserialize)]
-struct Record {
-    kind: String,
-    epoch: u32,
-    #[serde(default)]
-    step: u64,
-    global_step: u64,
-    #[serde(default)]
-    loss: f64,
-    #[serde(default)]
-    accuracy: f64,
-    #[serde(default)]
-    lr: f64,
-    #[serde(default)]
-    images_per_second: f64,
-    #[serde(default)]
-    train_loss: f64,
-    #[serde(default)]
-    train_accuracy: f64,
-    #[serde(default)]
-    train_images_per_second: f64,
-    #[serde(default)]
-    seconds: f64,
-    val: Option<EvalReport>,
-}
-
 /// What the report knows about one run.
 pub struct RunData {
     pub dir: PathBuf,
     pub name: String,
     manifest: Option<Manifest>,
     classes: Vec<String>,
-    steps: Vec<Record>,
-    epochs: Vec<Record>,
+    steps: Vec<StepRecord>,
+    epochs: Vec<EpochRecord>,
 }
 
 impl RunData {
     pub fn read(dir: &Path) -> Result<RunData, RunReportError> {
-        let path = dir.join("metrics.jsonl");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|source| RunReportError::Read { path: path.clone(), source })?;
+        let path = RunPaths::new(dir).metrics();
         let (mut steps, mut epochs) = (Vec::new(), Vec::new());
-        for (number, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let record: Record = serde_json::from_str(line).map_err(|e| RunReportError::Parse {
-                path: path.clone(),
-                line: number + 1,
-                problem: e.to_string(),
-            })?;
-            match record.kind.as_str() {
-                "epoch" => epochs.push(record),
-                _ => steps.push(record),
+        for record in records::read_metrics(&path)? {
+            match record {
+                MetricsRecord::Epoch(epoch) => epochs.push(epoch),
+                MetricsRecord::Step(step) => steps.push(step),
             }
         }
         if epochs.is_empty() {
@@ -93,15 +58,15 @@ impl RunData {
     }
 
     fn last_eval(&self) -> Option<&EvalReport> {
-        self.epochs.last().and_then(|e| e.val.as_ref())
+        self.epochs.last().map(|e| &e.val)
     }
 }
 
 /// Writes the report for `runs` into `out` and returns the path of `report.md`.
 pub fn write(runs: &[RunData], out: &Path) -> Result<PathBuf, RunReportError> {
     std::fs::create_dir_all(out)
-        .map_err(|source| RunReportError::Read { path: out.to_path_buf(), source })?;
-    let epoch_series = |value: fn(&Record) -> f64, what: &str| -> Vec<Series> {
+        .map_err(|source| RunReportError::CreateDir { path: out.to_path_buf(), source })?;
+    let epoch_series = |value: fn(&EpochRecord) -> f64, what: &str| -> Vec<Series> {
         runs.iter()
             .map(|run| Series {
                 label: format!("{} {what}", run.name),
@@ -109,7 +74,7 @@ pub fn write(runs: &[RunData], out: &Path) -> Result<PathBuf, RunReportError> {
             })
             .collect()
     };
-    let step_series = |value: fn(&Record) -> f64| -> Vec<Series> {
+    let step_series = |value: fn(&StepRecord) -> f64| -> Vec<Series> {
         runs.iter()
             .map(|run| Series {
                 label: run.name.clone(),
@@ -117,8 +82,8 @@ pub fn write(runs: &[RunData], out: &Path) -> Result<PathBuf, RunReportError> {
             })
             .collect()
     };
-    let val_loss = |e: &Record| e.val.as_ref().map_or(f64::NAN, |v| v.loss);
-    let val_top1 = |e: &Record| e.val.as_ref().map_or(f64::NAN, |v| v.top1);
+    let val_loss = |e: &EpochRecord| e.val.loss;
+    let val_top1 = |e: &EpochRecord| e.val.top1;
     let mut loss = epoch_series(|e| e.train_loss, "train");
     loss.extend(epoch_series(val_loss, "val"));
     let labels = |title, x, y, log_y| plot::Labels { title, x, y, log_y };
@@ -155,7 +120,7 @@ fn epochs_csv(runs: &[RunData]) -> String {
     let mut csv = String::from("run,epoch,global_step,train_loss,train_accuracy,val_loss,val_top1,train_images_per_second,seconds,lr\n");
     for run in runs {
         for e in &run.epochs {
-            let (val_loss, val_top1) = e.val.as_ref().map_or((f64::NAN, f64::NAN), |v| (v.loss, v.top1));
+            let (val_loss, val_top1) = (e.val.loss, e.val.top1);
             let _ = writeln!(
                 csv,
                 "{},{},{},{},{},{},{},{},{},{}",
@@ -202,7 +167,7 @@ fn markdown(runs: &[RunData]) -> String {
     md.push_str("|---|---|---:|---:|---:|---:|---:|---|---|\n");
     for run in runs {
         let last = run.epochs.last();
-        let best = run.epochs.iter().filter_map(|e| e.val.as_ref().map(|v| v.top1)).fold(f64::NAN, f64::max);
+        let best = run.epochs.iter().map(|e| e.val.top1).fold(f64::NAN, f64::max);
         let m = run.manifest.as_ref();
         let _ = writeln!(
             md,
@@ -243,7 +208,7 @@ fn markdown(runs: &[RunData]) -> String {
         }
         md.push_str("| epoch | train loss | train acc | val loss | val top-1 | img/s | s |\n|---:|---:|---:|---:|---:|---:|---:|\n");
         for e in &run.epochs {
-            let (val_loss, val_top1) = e.val.as_ref().map_or((f64::NAN, f64::NAN), |v| (v.loss, v.top1));
+            let (val_loss, val_top1) = (e.val.loss, e.val.top1);
             let _ = writeln!(
                 md,
                 "| {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.1} | {:.1} |",

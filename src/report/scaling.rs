@@ -5,18 +5,18 @@
 //! Each run's numbers are medians over its epochs, leaving out the first when there are more
 //! (it pays for warm-up: allocator, caches, bucket rebuilding).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::bench::median;
+use crate::run_dir::records::{self, EpochRecord, MetricsRecord, RecordError, Summary};
+use crate::run_dir::RunPaths;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
-    #[error("{path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
-    #[error("{path}: {problem}")]
-    Parse { path: PathBuf, problem: String },
+    #[error(transparent)]
+    Read(#[from] RecordError),
     #[error("{path}: no epoch records (did the run finish an epoch?)")]
     NoEpochs { path: PathBuf },
     #[error("report --scaling needs at least one run directory")]
@@ -38,52 +38,20 @@ pub struct ScalingRow {
     pub efficiency: f64,
 }
 
-/// What the report reads from `summary.json` (older runs lack the distributed fields).
-#[derive(Deserialize)]
-struct RunSummary {
-    #[serde(default = "one")]
-    world_size: usize,
-    #[serde(default = "one")]
-    nodes: usize,
-    #[serde(default)]
-    global_batch_size: usize,
-}
-
-fn one() -> usize {
-    1
-}
-
-#[derive(Deserialize)]
-struct EpochRecord {
-    kind: String,
-    #[serde(default)]
-    seconds: f64,
-    #[serde(default)]
-    train_images_per_second: f64,
-}
-
-fn read(path: &Path) -> Result<String, ReportError> {
-    std::fs::read_to_string(path).map_err(|source| ReportError::Read { path: path.to_path_buf(), source })
-}
-
 /// One row per run, in order of world size, with speed-up and efficiency against the first.
 pub fn scaling(runs: &[PathBuf]) -> Result<Vec<ScalingRow>, ReportError> {
     let mut rows = Vec::with_capacity(runs.len());
     for run in runs {
-        let summary_path = run.join("summary.json");
-        let summary: RunSummary = serde_json::from_str(&read(&summary_path)?)
-            .map_err(|e| ReportError::Parse { path: summary_path.clone(), problem: e.to_string() })?;
-        let metrics_path = run.join("metrics.jsonl");
-        let mut epochs = Vec::new();
-        for (number, line) in read(&metrics_path)?.lines().enumerate() {
-            let record: EpochRecord = serde_json::from_str(line).map_err(|e| ReportError::Parse {
-                path: metrics_path.clone(),
-                problem: format!("line {}: {e}", number + 1),
-            })?;
-            if record.kind == "epoch" {
-                epochs.push(record);
-            }
-        }
+        let paths = RunPaths::new(run);
+        let summary = Summary::read(&paths.summary())?;
+        let metrics_path = paths.metrics();
+        let epochs: Vec<EpochRecord> = records::read_metrics(&metrics_path)?
+            .into_iter()
+            .filter_map(|record| match record {
+                MetricsRecord::Epoch(epoch) => Some(epoch),
+                MetricsRecord::Step(_) => None,
+            })
+            .collect();
         if epochs.is_empty() {
             return Err(ReportError::NoEpochs { path: metrics_path });
         }
@@ -194,6 +162,7 @@ pub fn svg(rows: &[ScalingRow]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn fake_run(dir: &Path, name: &str, world: usize, epoch_rates: &[(f64, f64)]) -> PathBuf {
         let run = dir.join(name);

@@ -13,7 +13,7 @@ import webdataset as wds
 
 def main():
     root, split = Path(sys.argv[1]), sys.argv[2]
-    manifest = json.loads((root / "manifest.json").read_text())
+    manifest = json.loads((root / "shards.json").read_text())
     urls = [str(root / shard["name"]) for shard in manifest["splits"][split]["shards"]]
     samples = {}
     for sample in wds.WebDataset(urls, shardshuffle=False):

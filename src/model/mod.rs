@@ -5,13 +5,17 @@
 //! when the class count differs), freezing the backbone, and exporting a state dict that
 //! `torchvision.models.resnetXX(num_classes=K).load_state_dict` accepts as is.
 
+pub mod flops;
+pub mod precision;
+pub mod resnet;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::resnet::ResNet;
-use crate::tensor_io::{self, TensorIoError};
+use crate::model::resnet::ResNet;
+use crate::util::tensor_io::{self, TensorIoError};
 use tch::nn::{ModuleT, VarStore};
 use tch::{Device, Kind, Tensor};
 
@@ -225,6 +229,24 @@ impl Model {
         }
         tensors.sort_by(|a, b| a.0.cmp(&b.0));
         tensors
+    }
+
+    /// Copies saved tensors (a checkpoint's, read from `path`) into the model, which must find
+    /// every one of its own among them.
+    pub fn restore(&self, tensors: &BTreeMap<String, Tensor>, path: &Path) -> Result<(), ModelError> {
+        tch::no_grad(|| {
+            for (name, mut target) in self.state_dict() {
+                let source = tensors.get(&name).ok_or_else(|| ModelError::Incompatible {
+                    path: path.to_path_buf(),
+                    arch: self.arch,
+                    problems: format!("{name} is missing"),
+                })?;
+                target
+                    .f_copy_(source)
+                    .map_err(|source| ModelError::Read { path: path.to_path_buf(), source })?;
+            }
+            Ok(())
+        })
     }
 
     /// Writes [`Self::torchvision_state_dict`] to a `.safetensors` file, atomically.

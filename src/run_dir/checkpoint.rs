@@ -2,8 +2,9 @@
 //! the optimizer state (`optim.<state>.<param>`) and, in the header's metadata, where training
 //! stood (epoch, step), the seed, the class names and the configuration's hash.
 //!
-//! Written atomically (see `tensor_io`). Retention is a pure policy ([`retention`]) apart from
-//! the file operations. Randomness needs no saved generator state: the sampler and the
+//! Written atomically (see `tensor_io`). Where checkpoints live and what they are called is
+//! the run directory's ([`crate::run_dir::RunPaths`]); when to take and delete them is the
+//! checkpoint policy's (`train::policy`). Randomness needs no saved generator state: the sampler and the
 //! augmentation derive every draw from (seed, epoch, sample), so (seed, epoch, step) is the
 //! whole RNG state and a resumed run replays exactly what an uninterrupted one would.
 
@@ -13,12 +14,11 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
-use crate::model::Arch;
-use crate::tensor_io::{self, TensorIoError};
+use crate::model::{Arch, Model, ModelError};
+use crate::util::tensor_io::{self, TensorIoError};
 
 const METADATA_KEY: &str = "rtrain.checkpoint";
 const OPTIM_PREFIX: &str = "optim.";
-pub const BEST_NAME: &str = "best.safetensors";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -32,6 +32,8 @@ pub enum CheckpointError {
     Mismatch { path: PathBuf, found: String, expected: String },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Model(#[from] ModelError),
     #[error("no valid checkpoint in {dir}")]
     NoneFound { dir: PathBuf },
 }
@@ -81,12 +83,6 @@ pub struct Checkpoint {
     pub meta: CheckpointMeta,
     pub model: BTreeMap<String, Tensor>,
     pub optimizer: BTreeMap<String, Tensor>,
-}
-
-/// The file name of the checkpoint taken after `global_step` steps; zero-padded so that names
-/// sort in step order.
-pub fn step_file_name(global_step: u64) -> String {
-    format!("step-{global_step:09}.safetensors")
 }
 
 pub fn save(
@@ -139,46 +135,20 @@ pub fn load(path: &Path, expect: Option<(Arch, usize)>) -> Result<Checkpoint, Ch
     Ok(Checkpoint { meta, model, optimizer })
 }
 
-/// Step checkpoints in `dir`, oldest first, as (global step, path).
-pub fn list_step_checkpoints(dir: &Path) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => return Err(CheckpointError::Io { path: dir.to_path_buf(), source }),
-    };
-    let mut found = Vec::new();
-    for entry in entries {
-        let path = entry.map_err(|source| CheckpointError::Io { path: dir.to_path_buf(), source })?.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        if let Some(step) = name.strip_prefix("step-").and_then(|s| s.strip_suffix(".safetensors")) {
-            if let Ok(step) = step.parse::<u64>() {
-                found.push((step, path));
-            }
-        }
-    }
-    found.sort();
-    Ok(found)
+/// A model on the CPU restored from a checkpoint, with where training stood (and the class
+/// names it was trained on).
+pub fn load_model(path: &Path) -> Result<(Model, CheckpointMeta), CheckpointError> {
+    let checkpoint = load(path, None)?;
+    let model = Model::new(checkpoint.meta.arch, checkpoint.meta.num_classes, tch::Device::Cpu)?;
+    model.restore(&checkpoint.model, path)?;
+    Ok((model, checkpoint.meta))
 }
 
-/// The newest checkpoint in `dir` that reads back whole; broken ones are skipped with a warning
-/// (a crash can only leave temporaries, but a disk can still corrupt a finished file).
-pub fn latest_valid(dir: &Path) -> Result<PathBuf, CheckpointError> {
-    for (_, path) in list_step_checkpoints(dir)?.into_iter().rev() {
-        match tensor_io::read_safetensors(&path)
-            .map_err(CheckpointError::from)
-            .and_then(|f| parse_meta(&path, &f.metadata))
-        {
-            Ok(_) => return Ok(path),
-            Err(error) => tracing::warn!("skipping unreadable checkpoint: {error}"),
-        }
-    }
-    Err(CheckpointError::NoneFound { dir: dir.to_path_buf() })
-}
-
-/// Which step checkpoints to delete so that only the newest `keep_last` remain.
-pub fn retention(existing: &[(u64, PathBuf)], keep_last: usize) -> Vec<PathBuf> {
-    let excess = existing.len().saturating_sub(keep_last);
-    existing.iter().take(excess).map(|(_, path)| path.clone()).collect()
+/// Reads a checkpoint whole (every tensor and the metadata) and drops it: the check that a
+/// file is usable before training resumes from it.
+pub fn read_whole(path: &Path) -> Result<(), CheckpointError> {
+    let file = tensor_io::read_safetensors(path)?;
+    parse_meta(path, &file.metadata).map(drop)
 }
 
 #[cfg(test)]
@@ -205,7 +175,7 @@ mod tests {
     #[test]
     fn save_load_round_trip_and_mismatch() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(step_file_name(13));
+        let path = dir.path().join("step-000000013.safetensors");
         let w = Tensor::from_slice(&[1.0f32, 2.0]);
         let m = Tensor::from_slice(&[0.5f32, 0.25]);
         save(
@@ -224,31 +194,5 @@ mod tests {
         assert!(err.contains("resnet18 with 4 classes") && err.contains("resnet50"), "{err}");
         let err = load(&path, Some((Arch::Resnet18, 10))).err().unwrap().to_string();
         assert!(err.contains("10 classes") && err.contains(&path.display().to_string()), "{err}");
-    }
-
-    #[test]
-    fn latest_valid_skips_corrupt_newest() {
-        let dir = tempfile::tempdir().unwrap();
-        let t = || vec![("w".to_string(), Tensor::from_slice(&[1.0f32; 16]))];
-        for step in [5, 10, 15] {
-            save(&dir.path().join(step_file_name(step)), &meta(), t(), vec![]).unwrap();
-        }
-        let newest = dir.path().join(step_file_name(15));
-        let bytes = std::fs::read(&newest).unwrap();
-        std::fs::write(&newest, &bytes[..bytes.len() - 8]).unwrap();
-        assert_eq!(latest_valid(dir.path()).unwrap(), dir.path().join(step_file_name(10)));
-        let empty = tempfile::tempdir().unwrap();
-        assert!(matches!(latest_valid(empty.path()), Err(CheckpointError::NoneFound { .. })));
-    }
-
-    #[test]
-    fn retention_keeps_newest() {
-        let existing: Vec<(u64, PathBuf)> =
-            [1, 2, 3, 4].iter().map(|&s| (s, PathBuf::from(step_file_name(s)))).collect();
-        assert_eq!(
-            retention(&existing, 2),
-            vec![PathBuf::from(step_file_name(1)), PathBuf::from(step_file_name(2))]
-        );
-        assert!(retention(&existing, 5).is_empty());
     }
 }

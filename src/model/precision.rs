@@ -6,44 +6,14 @@
 //! return it as a message. Autocast state is thread-local in libtorch: [`Autocast`] must be
 //! created and dropped on the thread that runs the model.
 
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::c_int;
 use std::marker::PhantomData;
 
 use serde::{Deserialize, Serialize};
 use tch::{Device, Tensor};
 
-mod ffi {
-    use std::ffi::{c_char, c_int};
-    use torch_sys::C_tensor;
-
-    extern "C" {
-        pub fn rtrain_shim_free(message: *mut c_char);
-        pub fn rtrain_autocast_enter(cuda: c_int, enabled: *mut c_int, dtype: *mut c_int) -> *mut c_char;
-        pub fn rtrain_autocast_exit(cuda: c_int, enabled: c_int, dtype: c_int) -> *mut c_char;
-        pub fn rtrain_channels_last(tensor: *const C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
-        pub fn rtrain_param_to_channels_last(param: *mut C_tensor) -> *mut c_char;
-        pub fn rtrain_set_deterministic(on: c_int) -> *mut c_char;
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("libtorch ({what}): {message}")]
-pub struct ShimError {
-    what: &'static str,
-    message: String,
-}
-
-/// Turns the shim's returned message (null on success) into a Result, freeing it.
-pub(crate) fn check(what: &'static str, message: *mut c_char) -> Result<(), ShimError> {
-    if message.is_null() {
-        return Ok(());
-    }
-    // SAFETY: a non-null return is a NUL-terminated string the shim malloc'ed for us.
-    let text = unsafe { CStr::from_ptr(message) }.to_string_lossy().into_owned();
-    // SAFETY: freed once, by the function that pairs with the shim's malloc.
-    unsafe { ffi::rtrain_shim_free(message) };
-    Err(ShimError { what, message: text })
-}
+pub use crate::util::shim::ShimError;
+use crate::util::shim::{check, ffi};
 
 /// The configured choice, `train.precision`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -142,7 +112,7 @@ pub struct Compute {
 impl Compute {
     /// The input batch on the run's device, in its memory format.
     pub fn input(&self, images: &Tensor) -> Result<Tensor, ShimError> {
-        let images = crate::device::to_device(images, self.device);
+        let images = to_device(images, self.device);
         if self.channels_last {
             channels_last(&images)
         } else {
@@ -152,12 +122,19 @@ impl Compute {
 
     /// A batch's labels on the run's device.
     pub fn labels(&self, labels: &Tensor) -> Tensor {
-        crate::device::to_device(labels, self.device)
+        to_device(labels, self.device)
     }
 
     /// Autocast for the forward pass and loss; drop it before backward.
     pub fn autocast(&self) -> Result<Autocast, ShimError> {
         Autocast::new(self.precision, self.device)
+    }
+
+    /// A model ready to compute as this says (convolution weights in its memory format); call
+    /// before the optimizer is made.
+    pub fn prepare_model(&self, model: &crate::model::Model) -> Result<(), ShimError> {
+        let mut params: Vec<Tensor> = model.state_dict().into_values().collect();
+        self.prepare_parameters(params.iter_mut())
     }
 
     /// Puts the 4-d parameters (convolution weights) in the run's memory format; call before
@@ -215,6 +192,15 @@ pub fn is_channels_last(tensor: &Tensor) -> bool {
     tensor.dim() == 4 && tensor.stride()[1] == 1 && tensor.size()[1] > 1
 }
 
+/// `tensor` on `device`. From pinned host memory the copy is asynchronous (ordered on the
+/// device's stream before the kernels that read it); on the CPU this is the same tensor.
+pub fn to_device(tensor: &Tensor, device: Device) -> Tensor {
+    if tensor.device() == device {
+        return tensor.shallow_clone();
+    }
+    tensor.to_device_(device, tensor.kind(), true, false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,5 +243,12 @@ mod tests {
         assert_eq!(resolve(PrecisionSetting::Fp32, Device::Cpu).0, Precision::Fp32);
         assert_eq!(resolve(PrecisionSetting::Bf16, Device::Cpu).0, Precision::Bf16);
         assert_eq!(resolve(PrecisionSetting::Auto, Device::Cuda(0)).0, Precision::Bf16);
+    }
+
+    #[test]
+    fn on_the_cpu_moving_keeps_the_same_tensor() {
+        let t = Tensor::from_slice(&[1.0f32, 2.0]);
+        let moved = to_device(&t, Device::Cpu);
+        assert_eq!(moved.data_ptr(), t.data_ptr());
     }
 }

@@ -13,7 +13,7 @@ use mpi::traits::*;
 use mpi::Threading;
 
 use super::{hostname, AllreduceAlgorithm, Communicator, DistError, Topology};
-use crate::launcher::LaunchInfo;
+use crate::cluster::launcher::LaunchInfo;
 
 extern "C" {
     /// `MPI_IN_PLACE` of the linked MPI library (src/shim/mpi_shim.c).

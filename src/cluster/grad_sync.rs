@@ -24,30 +24,11 @@ use tch::{Kind, Tensor};
 
 use super::nccl::Nccl;
 use super::{all_reduce_mean_in_background, Communicator};
-use crate::precision::{check, ShimError};
+use crate::util::shim::{check, ffi, ShimError};
 
 /// PyTorch DDP's `bucket_cap_mb` for the first bucket: small, so communication starts as soon
 /// as the last layers' gradients are ready.
 pub const FIRST_BUCKET_BYTES: usize = 1024 * 1024;
-
-mod ffi {
-    use std::os::raw::{c_char, c_void};
-    use torch_sys::C_tensor;
-
-    pub type GradReadyFn = extern "C" fn(context: *mut c_void, index: usize);
-
-    extern "C" {
-        pub fn rtrain_set_grad(param: *mut C_tensor, grad: *const C_tensor) -> *mut c_char;
-        pub fn rtrain_grad_ready_hook(
-            param: *const C_tensor,
-            callback: GradReadyFn,
-            context: *mut c_void,
-            index: usize,
-            handle: *mut *mut c_void,
-        ) -> *mut c_char;
-        pub fn rtrain_grad_ready_hook_free(handle: *mut c_void);
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum GradSyncError {
@@ -427,7 +408,7 @@ pub fn bucket_layout(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dist::{SingleProcess, Topology};
+    use crate::cluster::{SingleProcess, Topology};
     use tch::Device;
 
     fn options(bucket_mb: f64, overlap: bool) -> SyncOptions {

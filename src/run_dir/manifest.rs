@@ -14,12 +14,11 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::RunPaths;
+use crate::cluster::runtime::{self, Probe};
 use crate::config::Config;
 use crate::data::dataset::Dataset;
-use crate::doctor;
-use crate::tensor_io::{self, TensorIoError};
-
-pub const FILE_NAME: &str = "manifest.json";
+use crate::util::tensor_io::{self, TensorIoError};
 
 /// The libtorch release tch 0.26 is built against (scripts/setup installs exactly this).
 pub const LIBTORCH_VERSION: &str = "2.13.0";
@@ -107,10 +106,13 @@ pub struct Container {
 }
 
 impl Container {
-    /// What `rtrain doctor` detects (see `doctor::detect_runtime`).
+    /// What `rtrain doctor` detects (see `runtime::detect_runtime`).
     pub fn detect() -> Container {
-        let probe = doctor::Probe::process();
-        Container { runtime: doctor::detect_runtime(&probe).to_string(), image: doctor::detect_image(&probe) }
+        let probe = Probe::process();
+        Container {
+            runtime: runtime::detect_runtime(&probe).to_string(),
+            image: runtime::detect_image(&probe),
+        }
     }
 }
 
@@ -188,35 +190,34 @@ pub fn now() -> String {
 }
 
 impl Manifest {
-    pub fn write(&mut self, run_dir: &Path) -> Result<(), ManifestError> {
+    pub fn write(&mut self, run: &RunPaths) -> Result<(), ManifestError> {
         self.updated = now();
-        let json = serde_json::to_string_pretty(self).unwrap_or_default();
-        tensor_io::write_atomic(&run_dir.join(FILE_NAME), json.as_bytes())?;
+        let path = run.manifest();
+        let json = serde_json::to_string_pretty(self)
+            .map_err(|e| ManifestError::Parse { path: path.clone(), problem: e.to_string() })?;
+        tensor_io::write_atomic(&path, json.as_bytes())?;
         Ok(())
     }
 
+    /// Reads the manifest of the run directory `run_dir`.
     pub fn read(run_dir: &Path) -> Result<Manifest, ManifestError> {
-        let path = run_dir.join(FILE_NAME);
+        let path = RunPaths::new(run_dir).manifest();
         let bytes =
             std::fs::read(&path).map_err(|source| TensorIoError::Io { path: path.clone(), source })?;
         serde_json::from_slice(&bytes).map_err(|e| ManifestError::Parse { path, problem: e.to_string() })
     }
 
     /// Records a checkpoint file of the run directory with its hash.
-    pub fn add_checkpoint(&mut self, run_dir: &Path, file: &Path) -> Result<(), TensorIoError> {
+    pub fn add_checkpoint(&mut self, run: &RunPaths, file: &Path) -> Result<(), TensorIoError> {
         let sha256 = tensor_io::sha256_file(file)?;
-        self.checkpoints.insert(relative(run_dir, file), sha256);
+        self.checkpoints.insert(run.relative(file), sha256);
         Ok(())
     }
 
     /// Forgets checkpoints that are no longer in the run directory (retention deleted them).
-    pub fn drop_missing_checkpoints(&mut self, run_dir: &Path) {
-        self.checkpoints.retain(|path, _| run_dir.join(path).exists());
+    pub fn drop_missing_checkpoints(&mut self, run: &RunPaths) {
+        self.checkpoints.retain(|path, _| run.root().join(path).exists());
     }
-}
-
-pub fn relative(run_dir: &Path, file: &Path) -> String {
-    file.strip_prefix(run_dir).unwrap_or(file).to_string_lossy().into_owned()
 }
 
 /// One finding of `rtrain verify`.

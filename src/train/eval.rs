@@ -3,18 +3,23 @@
 //! ranks each evaluates a disjoint strided part of the split and the counts are summed, so the
 //! report covers every image exactly once.
 
+use std::path::Path;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use tch::{Kind, Reduction, Tensor};
 
+use crate::cluster;
+use crate::cluster::Communicator;
+use crate::config::Config;
+use crate::data::dataset::DataError;
 use crate::data::dataset::Dataset;
-use crate::data::folder::DataError;
 use crate::data::loader::{Loader, LoaderOptions};
 use crate::data::transforms::Transform;
-use crate::dist::Communicator;
+use crate::model::precision::{Compute, ShimError};
 use crate::model::Model;
-use crate::precision::{Compute, ShimError};
+use crate::plan::RunPlan;
+use crate::run_dir::checkpoint;
+pub use crate::run_dir::records::EvalReport;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
@@ -22,17 +27,14 @@ pub enum EvalError {
     Data(#[from] DataError),
     #[error(transparent)]
     Shim(#[from] ShimError),
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EvalReport {
-    pub samples: usize,
-    pub loss: f64,
-    pub top1: f64,
-    /// Accuracy per class, in class order (NaN-free: a class with no samples reports 0).
-    pub per_class: Vec<f64>,
-    /// `confusion[true][predicted]` counts.
-    pub confusion: Vec<Vec<u64>>,
+    #[error(transparent)]
+    Checkpoint(#[from] crate::run_dir::checkpoint::CheckpointError),
+    #[error(transparent)]
+    Shards(#[from] crate::data::shards::ShardError),
+    #[error("{}: classes {found:?} differ from the checkpoint's {expected:?}", dir.display())]
+    Classes { dir: std::path::PathBuf, found: Vec<String>, expected: Vec<String> },
+    #[error("evaluating {}: a batch's labels or predictions could not be read back: {source}", dir.display())]
+    ReadBack { dir: std::path::PathBuf, source: tch::TchError },
 }
 
 /// Counts predictions against labels; kept apart from the model so it is testable alone.
@@ -107,6 +109,7 @@ pub fn evaluate(
     comm: &dyn Communicator,
 ) -> Result<EvalReport, EvalError> {
     let topology = comm.topology();
+    let dir = dataset.root().to_path_buf();
     let order: Vec<usize> = (topology.rank..dataset.len()).step_by(topology.world_size).collect();
     let loader =
         Loader::new(dataset, order, transform, 0, 0, 0, LoaderOptions { drop_last: false, ..options });
@@ -131,14 +134,43 @@ pub fn evaluate(
                 0.0,
             );
             let predictions = logits.argmax(-1, false).to_device(tch::Device::Cpu);
-            let labels: Vec<i64> = Vec::try_from(&batch.labels).unwrap_or_default();
-            let predictions: Vec<i64> = Vec::try_from(&predictions).unwrap_or_default();
+            let read_back = |source| EvalError::ReadBack { dir: dir.clone(), source };
+            let labels: Vec<i64> = Vec::try_from(&batch.labels).map_err(read_back)?;
+            let predictions: Vec<i64> = Vec::try_from(&predictions).map_err(read_back)?;
             confusion.add(&labels, &predictions, loss.to_kind(Kind::Double).double_value(&[]));
         }
         Ok::<(), EvalError>(())
     })?;
     confusion.all_reduce(comm);
     Ok(confusion.report())
+}
+
+/// [`evaluate`] of `split` with the plan's transform, loader and compute. A collective.
+pub fn evaluate_split(
+    model: &Model,
+    split: &Arc<dyn Dataset>,
+    plan: &RunPlan,
+    comm: &dyn Communicator,
+) -> Result<EvalReport, EvalError> {
+    evaluate(model, split.clone(), plan.eval_transform(), plan.eval_loader(), &plan.compute, comm)
+}
+
+/// `rtrain eval`: the checkpoint at `path` evaluated on the configured validation split, in one
+/// process on the CPU; returns the report and the checkpoint's class names.
+pub fn evaluate_checkpoint(config: &Config, path: &Path) -> Result<(EvalReport, Vec<String>), EvalError> {
+    let plan = RunPlan::for_inference(config);
+    let (model, meta) = checkpoint::load_model(path)?;
+    plan.compute.prepare_model(&model)?;
+    let dataset = crate::data::open_split(&config.data.root, &config.data.val_split)?;
+    if dataset.classes() != meta.classes {
+        return Err(EvalError::Classes {
+            dir: dataset.root().to_path_buf(),
+            found: dataset.classes().to_vec(),
+            expected: meta.classes,
+        });
+    }
+    let report = evaluate_split(&model, &dataset, &plan, cluster::single().as_ref())?;
+    Ok((report, meta.classes))
 }
 
 #[cfg(test)]

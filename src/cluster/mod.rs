@@ -6,17 +6,22 @@
 //! fatal to the whole job (MPI's default error handler), and so are a panic and a fatal error on
 //! any rank ([`Communicator::abort`]): a rank that fails must never leave the others waiting.
 
+pub mod device;
 pub mod grad_sync;
+pub mod job;
+pub mod launcher;
 #[cfg(feature = "mpi")]
 mod mpi;
 pub mod nccl;
+pub mod runtime;
 
 use std::sync::Arc;
 
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
-use crate::launcher::{self, LaunchError, LaunchInfo};
+pub use crate::config::AllreduceAlgorithm;
+use launcher::{LaunchError, LaunchInfo};
 
 /// Where this process sits in the job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -69,25 +74,6 @@ impl std::fmt::Display for Topology {
             self.launcher
         )
     }
-}
-
-/// Which all-reduce algorithm to ask the MPI library for. Open MPI's own choice reached only
-/// 50-65% of a 1 Gbit/s link between two nodes in `rtrain bench allreduce`; recursive doubling
-/// (one exchange of the whole buffer when there are two ranks) reached 87-95%, and ring was
-/// the best with four (77% with 25 MiB buckets, against 49%).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
-pub enum AllreduceAlgorithm {
-    /// Recursive doubling for two ranks, ring for more (Open MPI); the library's choice
-    /// elsewhere.
-    #[default]
-    Auto,
-    /// Whatever the MPI library decides.
-    Mpi,
-    RecursiveDoubling,
-    Ring,
-    Rabenseifner,
 }
 
 /// The collectives rtrain uses. Sums are in place; every rank ends with the same values.

@@ -1,26 +1,14 @@
 //! Which device a rank computes on (`train.device`), and getting batches there.
 //!
 //! One rank per GPU: a rank takes `cuda:<local_rank>` of the GPUs it sees, or the only one when
-//! its launcher left it just one ([`crate::dist::device_for`]). Batches come from the loader in
+//! its launcher left it just one ([`crate::cluster::device_for`]). Batches come from the loader in
 //! pinned host memory when the device is a GPU, so that the copy to the device is asynchronous
 //! and overlaps the previous step's kernels.
 
-use serde::{Deserialize, Serialize};
-use tch::{Device, Tensor};
+use tch::Device;
 
-use crate::dist::{self, DistError, Topology};
-
-/// The configured choice, `train.device`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DeviceSetting {
-    /// A GPU when this rank sees one, else the CPU.
-    #[default]
-    Auto,
-    Cpu,
-    /// A GPU, or an error saying why there is none.
-    Cuda,
-}
+use crate::cluster::{self, DistError, Topology};
+pub use crate::config::DeviceSetting;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
@@ -55,7 +43,7 @@ pub fn choose(setting: DeviceSetting, topology: &Topology, visible: usize) -> Re
                 "this rtrain was built without the cuda feature"
             },
         }),
-        DeviceSetting::Auto | DeviceSetting::Cuda => Ok(dist::device_for(topology, visible)?),
+        DeviceSetting::Auto | DeviceSetting::Cuda => Ok(cluster::device_for(topology, visible)?),
     }
 }
 
@@ -79,15 +67,6 @@ pub fn prepare(device: Device, deterministic: bool) {
     if device.is_cuda() {
         tch::Cuda::cudnn_set_benchmark(!deterministic);
     }
-}
-
-/// `tensor` on `device`. From pinned host memory the copy is asynchronous (ordered on the
-/// device's stream before the kernels that read it); on the CPU this is the same tensor.
-pub fn to_device(tensor: &Tensor, device: Device) -> Tensor {
-    if tensor.device() == device {
-        return tensor.shallow_clone();
-    }
-    tensor.to_device_(device, tensor.kind(), true, false)
 }
 
 #[cfg(test)]
@@ -117,12 +96,5 @@ mod tests {
         assert_eq!(parse("cuda:3").unwrap(), Device::Cuda(3));
         assert!(parse("gpu").unwrap_err().contains("\"gpu\""));
         assert!(parse("cuda:x").is_err());
-    }
-
-    #[test]
-    fn on_the_cpu_moving_keeps_the_same_tensor() {
-        let t = Tensor::from_slice(&[1.0f32, 2.0]);
-        let moved = to_device(&t, Device::Cpu);
-        assert_eq!(moved.data_ptr(), t.data_ptr());
     }
 }

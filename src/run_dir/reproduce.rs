@@ -5,7 +5,7 @@
 //! within stated tolerances: validation top-1 within [`TOP1_TOLERANCE`] and training loss within
 //! [`LOSS_RELATIVE_TOLERANCE`] of the original.
 
-use crate::manifest::Manifest;
+use crate::run_dir::manifest::Manifest;
 
 /// Absolute difference allowed in validation top-1 when bit-equality is not expected.
 pub const TOP1_TOLERANCE: f64 = 0.05;

@@ -1,0 +1,190 @@
+//! What each command prints: human-readable lines, or JSON with `--json`.
+
+use std::path::Path;
+
+use anyhow::Result;
+use tch::Device;
+
+use crate::bench::{
+    AgreeResult, AllreduceBenchResult, LoaderBench, LoaderBenchResult, PeakBenchResult, StepBench,
+    StepBenchResult,
+};
+use crate::cluster::Topology;
+use crate::data::shards::ShardManifest;
+use crate::predict::Prediction;
+use crate::run_dir::manifest::Finding;
+use crate::train::eval::EvalReport;
+
+pub fn eval_report(report: &EvalReport, classes: &[String], json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+        return Ok(());
+    }
+    println!("{} images: loss {:.4}, top-1 {:.4}", report.samples, report.loss, report.top1);
+    for (class, accuracy) in classes.iter().zip(&report.per_class) {
+        println!("  {class:<24} {accuracy:.4}");
+    }
+    println!("confusion (rows: true, columns: predicted):");
+    for row in &report.confusion {
+        println!("  {row:?}");
+    }
+    Ok(())
+}
+
+pub fn predictions(predictions: &[Prediction], json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(predictions)?);
+        return Ok(());
+    }
+    for prediction in predictions {
+        let shown: Vec<String> =
+            prediction.top.iter().map(|p| format!("{} {:.3}", p.class, p.probability)).collect();
+        println!("{}: {}", prediction.image.display(), shown.join(", "));
+    }
+    Ok(())
+}
+
+/// Prints `rtrain verify`'s findings; returns how many are bad.
+pub fn verify_findings(findings: &[Finding]) -> usize {
+    let mut bad = 0;
+    for finding in findings {
+        match finding {
+            Finding::Ok(what) => println!("ok        {what}"),
+            Finding::Mismatch(what) => {
+                bad += 1;
+                println!("MISMATCH  {what}");
+            }
+            Finding::Missing(what) => {
+                bad += 1;
+                println!("MISSING   {what}");
+            }
+        }
+    }
+    bad
+}
+
+pub fn prepared_shards(out: &Path, manifest: &ShardManifest) {
+    for (split, info) in &manifest.splits {
+        let bytes: u64 = info.shards.iter().map(|s| s.bytes).sum();
+        println!(
+            "{}: {split}: {} samples in {} shard(s), {:.1} MiB",
+            out.display(),
+            info.samples,
+            info.shards.len(),
+            bytes as f64 / f64::from(1u32 << 20)
+        );
+    }
+}
+
+pub fn allreduce_header(topology: &Topology, blocking: bool) {
+    println!(
+        "all-reduce of gradients: {} ranks on {} nodes ({}), {} calls",
+        topology.world_size,
+        topology.nodes,
+        topology.launcher,
+        if blocking { "blocking" } else { "polled non-blocking (as training's communication thread)" }
+    );
+}
+
+pub fn allreduce(result: &AllreduceBenchResult, link_gbit: Option<f64>, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(result)?);
+        return Ok(());
+    }
+    let share = link_gbit.map(|link| format!(" ({:.0}% of {link} Gbit/s)", 100.0 * result.busbw_gbit / link));
+    println!(
+        "{:<9} {:>6.1} MB in {:>3} buckets of {:>5} MiB: {:>8.1} ms, algbw {:>6.2} Gbit/s, busbw {:>6.2} Gbit/s{}",
+        result.arch,
+        result.gradient_bytes as f64 / 1e6,
+        result.buckets,
+        result.bucket_mb,
+        result.median_seconds * 1e3,
+        result.algbw_gbit,
+        result.busbw_gbit,
+        share.unwrap_or_default()
+    );
+    Ok(())
+}
+
+pub fn peak(result: &PeakBenchResult, size: i64, repeats: usize, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(result)?);
+    } else {
+        println!(
+            "{size}x{size} {} matrix product on {}, {} threads: best {:.1} GFLOP/s, median {:.1} of {repeats}",
+            result.precision, result.device, result.threads, result.best_gflops, result.median_gflops
+        );
+    }
+    Ok(())
+}
+
+pub fn loader(options: &LoaderBench, result: &LoaderBenchResult, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(result)?);
+    } else {
+        println!(
+            "{} from {}: {:.1} img/s at {}x{} with {} worker(s) ({:.1} per core), peak RSS {:.0} MiB",
+            options.root.display(),
+            result.source,
+            result.images_per_second,
+            options.image_size,
+            options.image_size,
+            options.workers,
+            result.images_per_second_per_core,
+            result.peak_rss_mib.unwrap_or(f64::NAN)
+        );
+    }
+    Ok(())
+}
+
+pub fn step(options: &StepBench, result: &StepBenchResult, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(result)?);
+    } else {
+        println!(
+            "{} {} {}x{} batch {} threads {}: {:.1} img/s (median step {:.1} ms over {} steps), {:.1} GFLOP/step at {:.1} GFLOP/s",
+            result.arch,
+            options.compute,
+            options.image_size,
+            options.image_size,
+            options.batch_size,
+            result.threads,
+            result.images_per_second,
+            result.median_step_seconds * 1e3,
+            options.steps,
+            result.gflop_per_step,
+            result.gflops
+        );
+    }
+    Ok(())
+}
+
+pub fn agree(
+    result: &AgreeResult,
+    device: Device,
+    (loss_tolerance, update_tolerance): (f64, f64),
+    agree: bool,
+    json: bool,
+) -> Result<()> {
+    if json {
+        let report = serde_json::json!({
+            "result": result,
+            "loss_tolerance": loss_tolerance,
+            "update_tolerance": update_tolerance,
+            "agree": agree,
+        });
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "{} one step, cpu vs {device:?}: loss {:.6} vs {:.6} (relative {:.1e}), logits max |diff| {:.1e}, weight update relative {:.1e}: {}",
+            result.arch,
+            result.loss_reference,
+            result.loss_other,
+            result.loss_relative_difference,
+            result.logits_max_abs_difference,
+            result.update_relative_difference,
+            if agree { "agree" } else { "DIFFER" }
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,143 @@
+//! This process's part of a job: joining it (MPI, or alone), ending the whole job when this
+//! rank fails, and the set-up every rank takes part in before training — the built-in default
+//! data generated once per node, and shard sets staged to node-local disk.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+
+use super::{Communicator, Topology};
+use crate::config::{Config, ConfigError, DEFAULT_DATA_ROOT};
+use crate::data::ingest::synth;
+use crate::data::shards;
+
+/// The exit status for a failed command: 2 for usage and configuration errors, 1 otherwise.
+pub fn exit_code(error: &anyhow::Error) -> u8 {
+    if error.downcast_ref::<ConfigError>().is_some() {
+        2
+    } else {
+        1
+    }
+}
+
+/// Runs `body` as this process's part of the job (MPI, or alone). The configuration chooses
+/// the all-reduce algorithm, which must be set before MPI starts; a bad configuration is
+/// reported after that, so that any rank's error, bad configuration included, ends the whole
+/// job.
+pub fn run_in_job(
+    loaded: Result<Config>,
+    body: impl FnOnce(&Config, Arc<dyn Communicator>) -> Result<()>,
+) -> Result<()> {
+    let algorithm = loaded.as_ref().map(|config| config.dist.allreduce).unwrap_or_default();
+    let comm = super::init(algorithm)?;
+    let topology = comm.topology().clone();
+    if topology.world_size > 1 {
+        tracing::info!("data-parallel job: {topology}");
+    }
+    let result = loaded.and_then(|config| body(&config, comm.clone()));
+    if let (Err(error), true) = (&result, topology.world_size > 1) {
+        // Returning would leave the other ranks blocked in their next collective (and MPI's
+        // finalisation): end the whole job, naming this rank.
+        tracing::error!("rank {} on {} failed: {error:#}; aborting the job", topology.rank, topology.host);
+        comm.abort(i32::from(exit_code(error)));
+    }
+    result
+}
+
+/// Rank 0's path on every rank, e.g. the run directory (a time-stamped default name could
+/// differ between ranks by a second). A collective.
+pub fn broadcast_path(comm: &dyn Communicator, path: &Path) -> PathBuf {
+    PathBuf::from(super::broadcast_string(comm, &path.to_string_lossy(), 0))
+}
+
+/// With `data.stage_dir`, the first rank of each node copies the shard set at `data.root` to
+/// `shards::staged_root` (skipping shards already there with the right hash, verifying each
+/// copy) while the node's other ranks wait; training then reads the copy
+/// (`plan::data_root`), and the run records `data.root` as given. The outcome is summed over
+/// all ranks, so a failed copy on any node fails every rank (naming the node and file on the
+/// rank that failed) instead of leaving them waiting. A collective.
+pub fn stage_data(config: &Config, comm: &dyn Communicator) -> Result<()> {
+    let Some(stage_dir) = &config.data.stage_dir else { return Ok(()) };
+    let root = &config.data.root;
+    if !shards::is_shard_dir(root) {
+        bail!(
+            "data.stage_dir is set, but data.root {} is not a shard directory (no {}); make one with `rtrain data prepare`",
+            root.display(),
+            shards::MANIFEST
+        );
+    }
+    let dest = shards::staged_root(root, stage_dir);
+    let topology = comm.topology();
+    let mut outcome = Ok(());
+    if topology.local_rank == 0 {
+        outcome = stage_on_this_node(root, &dest, topology);
+    }
+    let mut failed = [f64::from(u8::from(outcome.is_err()))];
+    comm.all_reduce_sum_f64(&mut failed);
+    outcome?;
+    if failed[0] > 0.0 {
+        bail!(
+            "staging data to {} failed on {} node(s); their ranks name the file",
+            dest.display(),
+            failed[0]
+        );
+    }
+    Ok(())
+}
+
+fn stage_on_this_node(root: &Path, dest: &Path, topology: &Topology) -> Result<()> {
+    let started = std::time::Instant::now();
+    match shards::stage(root, dest) {
+        Ok(report) => {
+            tracing::info!(
+                "staged {} to {} on {}: {} shard(s) copied ({:.1} MiB), {} already there, {:.1}s",
+                root.display(),
+                dest.display(),
+                topology.host,
+                report.copied,
+                report.bytes_copied as f64 / f64::from(1u32 << 20),
+                report.skipped,
+                started.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }
+        Err(error) => {
+            Err(anyhow::anyhow!("staging data on node {} ({}): {error}", topology.node, topology.host))
+        }
+    }
+}
+
+/// The built-in default data is generated on first use, but only at its default path: a
+/// mistyped path of the user's must be an error, not a silent synthetic run. In a job, rank 0
+/// generates it first; then the first rank of any node that still lacks it (no shared file
+/// system) does. A collective.
+pub fn ensure_default_data(config: &Config, comm: &dyn Communicator) -> Result<()> {
+    let topology = comm.topology();
+    if topology.is_root() {
+        generate_default_data(config)?;
+    }
+    comm.barrier();
+    if topology.local_rank == 0 && !topology.is_root() {
+        generate_default_data(config)?;
+    }
+    comm.barrier();
+    Ok(())
+}
+
+fn generate_default_data(config: &Config) -> Result<()> {
+    let root = &config.data.root;
+    if root == Path::new(DEFAULT_DATA_ROOT) && !root.exists() {
+        tracing::info!(
+            "generating the built-in synthetic damage-level dataset at {} (first use)",
+            root.display()
+        );
+        let summary = synth::generate(root, &synth::SynthOptions::default())?;
+        tracing::info!(
+            "generated {} training and {} validation images",
+            summary.train_images,
+            summary.val_images
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,59 @@
+//! The commands that run as one rank of a job, `rtrain train` and `rtrain reproduce`: the
+//! set-up every rank takes part in (default data, node-local staging, the run directory's
+//! name), the plan, then training. Every rank calls these, in the same order.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Result;
+
+use crate::cluster::{job, Communicator};
+use crate::config::Config;
+use crate::plan::{Resume, RunPlan};
+use crate::run_dir::manifest::Manifest;
+use crate::run_dir::reproduce::{self, Verdict};
+use crate::run_dir::{self, RunPaths};
+use crate::train;
+
+/// Trains into `run_dir` (default: a name from the configuration); returns the path of
+/// `summary.json` on rank 0.
+pub fn train(
+    config: &Config,
+    comm: &Arc<dyn Communicator>,
+    run_dir: Option<PathBuf>,
+    resume: Resume,
+) -> Result<Option<PathBuf>> {
+    job::ensure_default_data(config, comm.as_ref())?;
+    job::stage_data(config, comm.as_ref())?;
+    let run_dir = run_dir.unwrap_or_else(|| run_dir::default_run_dir(config));
+    let paths = RunPaths::new(job::broadcast_path(comm.as_ref(), &run_dir));
+    paths.check_writable(resume != Resume::Fresh)?;
+    let plan = RunPlan::for_training(config, comm.topology(), resume, None)?;
+    train::run(&plan, comm, paths.clone())?;
+    Ok(comm.topology().is_root().then(|| paths.summary()))
+}
+
+/// Re-runs the run at `original_dir` (whose manifest is `original`, configuration `config`)
+/// into `out` (default: `<original_dir>-reproduce`), for its first `epochs` epochs (default:
+/// all), and compares the two manifests; returns the new run's directory and the verdict on
+/// rank 0.
+pub fn reproduce(
+    config: &Config,
+    comm: &Arc<dyn Communicator>,
+    (original, original_dir): (&Manifest, &Path),
+    epochs: Option<u32>,
+    out: Option<PathBuf>,
+) -> Result<Option<(PathBuf, Verdict)>> {
+    let epochs = epochs.unwrap_or(config.train.epochs).min(config.train.epochs);
+    let out = RunPaths::new(out.unwrap_or_else(|| format!("{}-reproduce", original_dir.display()).into()));
+    out.check_empty()?;
+    job::stage_data(config, comm.as_ref())?;
+    let plan = RunPlan::for_training(config, comm.topology(), Resume::Fresh, Some(epochs))?;
+    train::run(&plan, comm, out.clone())?;
+    if !comm.topology().is_root() {
+        return Ok(None);
+    }
+    let verdict =
+        reproduce::compare(original, &Manifest::read(out.root())?, epochs, plan.topology.world_size);
+    Ok(Some((out.root().to_path_buf(), verdict)))
+}

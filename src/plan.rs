@@ -1,0 +1,247 @@
+//! Every decision derived from the configuration and the job, made once: libtorch threads,
+//! loader threads, device, precision and memory format, where the data is read from, the
+//! transforms, the loader's options, steps per epoch, where to resume and when to stop.
+//! Training, evaluation, prediction and the benchmarks read a [`RunPlan`] instead of deriving
+//! these again from raw settings.
+
+use std::path::PathBuf;
+
+use tch::Device;
+
+use crate::cluster::device::{self, DeviceError};
+use crate::cluster::Topology;
+use crate::config::{BadSample, Config, Workers};
+use crate::data::loader::LoaderOptions;
+use crate::data::sampler;
+use crate::data::shards;
+use crate::data::transforms::{Augment, Transform};
+use crate::model::precision::{self, Compute, ShimError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error(transparent)]
+    Shim(#[from] ShimError),
+    #[error("{dir}: {images} training images give rank {rank} of {world} no full batch of {batch}")]
+    TooFewForRanks { dir: PathBuf, images: usize, rank: usize, world: usize, batch: usize },
+}
+
+/// Where a run starts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resume {
+    Fresh,
+    /// The newest valid checkpoint in the run directory; a fresh start if there is none.
+    Auto,
+    From(PathBuf),
+}
+
+/// A run's derived decisions. Making one applies the process-wide settings it decides
+/// (libtorch's thread count, deterministic kernels, the device's flags), so make it before any
+/// tensor work.
+#[derive(Debug, Clone)]
+pub struct RunPlan {
+    pub config: Config,
+    pub topology: Topology,
+    /// libtorch intra-op threads, as libtorch reports them after setting.
+    pub threads: i32,
+    pub loader_workers: usize,
+    pub compute: Compute,
+    /// Why `compute.precision` is what it is (for the log and `rtrain doctor`).
+    pub compute_reason: String,
+    /// The data's root: the node-local copy when `data.stage_dir` stages a shard set, else
+    /// `data.root`.
+    pub data_root: PathBuf,
+    pub resume: Resume,
+    /// The run ends after this many epochs in all (`train.epochs`, or fewer for `rtrain
+    /// reproduce --epochs N`, without changing anything that depends on `train.epochs`, such as
+    /// the learning-rate schedule).
+    pub last_epoch: u32,
+}
+
+impl RunPlan {
+    /// The plan of a training run of `topology`'s rank.
+    pub fn for_training(
+        config: &Config,
+        topology: &Topology,
+        resume: Resume,
+        stop_after_epochs: Option<u32>,
+    ) -> Result<RunPlan, PlanError> {
+        precision::set_deterministic(config.run.deterministic)?;
+        let threads = set_threads(config.train.threads, topology.local_world_size);
+        let device = device::choose(config.train.device, topology, device::visible_gpus())?;
+        device::prepare(device, config.run.deterministic);
+        let last_epoch = stop_after_epochs.map_or(config.train.epochs, |n| n.min(config.train.epochs));
+        Ok(RunPlan::new(config, topology.clone(), threads, device, resume, last_epoch))
+    }
+
+    /// The plan of `rtrain eval` and `rtrain predict`: one process on the CPU.
+    pub fn for_inference(config: &Config) -> RunPlan {
+        let threads = set_threads(config.train.threads, 1);
+        RunPlan::new(config, Topology::single(), threads, Device::Cpu, Resume::Fresh, 0)
+    }
+
+    fn new(
+        config: &Config,
+        topology: Topology,
+        threads: i32,
+        device: Device,
+        resume: Resume,
+        last_epoch: u32,
+    ) -> RunPlan {
+        let (precision, compute_reason) = precision::resolve(config.train.precision, device);
+        let compute = Compute { precision, channels_last: config.train.channels_last, device };
+        let loader_workers = loader_workers(
+            config.data.workers,
+            device,
+            threads.unsigned_abs() as usize,
+            core_share(topology.local_world_size),
+        );
+        RunPlan {
+            config: config.clone(),
+            data_root: data_root(config),
+            topology,
+            threads,
+            loader_workers,
+            compute,
+            compute_reason,
+            resume,
+            last_epoch,
+        }
+    }
+
+    pub fn train_transform(&self) -> Transform {
+        let d = &self.config.data;
+        Transform::Train {
+            size: d.image_size,
+            augment: Augment {
+                scale: (d.scale[0], d.scale[1]),
+                ratio: (d.ratio[0], d.ratio[1]),
+                hflip: d.hflip,
+            },
+        }
+    }
+
+    pub fn eval_transform(&self) -> Transform {
+        Transform::Eval { size: self.config.data.image_size, resize: self.config.eval_resize() }
+    }
+
+    /// The loader's options for training batches; decoding yields to the model when both share
+    /// the CPU.
+    pub fn train_loader(&self) -> LoaderOptions {
+        self.loader_options(self.config.data.batch_size)
+    }
+
+    pub fn eval_loader(&self) -> LoaderOptions {
+        self.loader_options(self.config.eval_batch_size())
+    }
+
+    fn loader_options(&self, batch_size: usize) -> LoaderOptions {
+        LoaderOptions {
+            batch_size,
+            workers: self.loader_workers,
+            prefetch: self.config.data.prefetch.max(1),
+            drop_last: self.config.data.drop_last,
+            skip_bad_samples: self.config.data.on_bad_sample == BadSample::Skip,
+            low_priority: self.compute.device == Device::Cpu,
+            pin_for: self.compute.device.is_cuda().then_some(self.compute.device),
+        }
+    }
+
+    /// Optimizer steps per epoch for a training split of `images` (`dir`, for the message):
+    /// this rank's full (or, without `data.drop_last`, partial) batches, capped by
+    /// `train.max_steps_per_epoch`. Equal on every rank (the sampler gives every rank a shard
+    /// of the same length).
+    pub fn steps_per_epoch(&self, images: usize, dir: &std::path::Path) -> Result<u64, PlanError> {
+        let d = &self.config.data;
+        let shard_len = sampler::shard_len(images, self.topology.world_size, self.config.dist.uneven);
+        let batches = match d.drop_last {
+            true => shard_len / d.batch_size,
+            false => shard_len.div_ceil(d.batch_size),
+        } as u64;
+        if batches == 0 {
+            return Err(PlanError::TooFewForRanks {
+                dir: dir.to_path_buf(),
+                images,
+                rank: self.topology.rank,
+                world: self.topology.world_size,
+                batch: d.batch_size,
+            });
+        }
+        Ok(match self.config.train.max_steps_per_epoch {
+            0 => batches,
+            cap => batches.min(cap),
+        })
+    }
+}
+
+/// Where the data is read from: the node-local copy when `data.stage_dir` stages a shard set
+/// (`rtrain train` makes it first), else `data.root`.
+pub fn data_root(config: &Config) -> PathBuf {
+    match &config.data.stage_dir {
+        Some(stage_dir) if shards::is_shard_dir(&config.data.root) => {
+            shards::staged_root(&config.data.root, stage_dir)
+        }
+        _ => config.data.root.clone(),
+    }
+}
+
+/// libtorch intra-op threads: the configured number, else this rank's share of the node: the
+/// cores the launcher bound it to, or, when it was not bound, the node's cores split evenly
+/// among its `local_ranks` (ranks on one node must not oversubscribe the cores).
+pub fn set_threads(configured: usize, local_ranks: usize) -> i32 {
+    let threads = match configured {
+        0 => core_share(local_ranks),
+        n => n,
+    };
+    tch::set_num_threads(i32::try_from(threads).unwrap_or(1));
+    tch::get_num_threads()
+}
+
+/// The cores this rank may use: those the launcher bound it to, or, when it was not bound,
+/// the node's cores split evenly among its `local_ranks`.
+pub fn core_share(local_ranks: usize) -> usize {
+    let allowed = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    // SAFETY: sysconf has no preconditions.
+    let online = usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }).unwrap_or(allowed);
+    if allowed < online {
+        allowed
+    } else {
+        (online / local_ranks.max(1)).max(1)
+    }
+}
+
+/// Most loader threads `data.workers = "auto"` starts.
+const MAX_AUTO_WORKERS: usize = 8;
+
+/// Loader threads for `data.workers`. `auto`: with the model on the CPU, the cores of this
+/// rank's share that libtorch's `threads` leave free, often none — then decoding runs on the
+/// training thread between steps, which is faster than a thread that preempts libtorch's
+/// (BENCHMARKS.md); with the model on a GPU, every core of the share but one.
+pub fn loader_workers(setting: Workers, device: Device, threads: usize, cores: usize) -> usize {
+    match setting {
+        Workers::Count(n) => n,
+        Workers::Auto if device == Device::Cpu => cores.saturating_sub(threads).min(MAX_AUTO_WORKERS),
+        Workers::Auto => cores.saturating_sub(1).clamp(1, MAX_AUTO_WORKERS),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{loader_workers, Workers};
+    use tch::Device;
+
+    #[test]
+    fn auto_loader_workers_take_only_the_cores_libtorch_leaves_free_on_cpu() {
+        assert_eq!(loader_workers(Workers::Auto, Device::Cpu, 2, 2), 0, "every core computes: decode inline");
+        assert_eq!(loader_workers(Workers::Auto, Device::Cpu, 1, 2), 1);
+        assert_eq!(loader_workers(Workers::Auto, Device::Cpu, 4, 64), 8, "capped");
+        assert_eq!(loader_workers(Workers::Auto, Device::Cuda(0), 1, 16), 8);
+        assert_eq!(
+            loader_workers(Workers::Auto, Device::Cuda(0), 1, 1),
+            1,
+            "a GPU always gets a loader thread"
+        );
+        assert_eq!(loader_workers(Workers::Count(3), Device::Cpu, 2, 2), 3, "a number is taken as given");
+    }
+}

@@ -1,0 +1,373 @@
+//! A run directory: every path in it ([`RunPaths`], the one place its file names are spelled)
+//! and the training-time writer ([`RunDir`]) through which global rank 0, and only it, writes
+//! them — the tutorial's GLOBAL_RANK 0 rule.
+//!
+//! ```text
+//! RUN_DIR/config.toml          the resolved configuration
+//! RUN_DIR/manifest.json        what produced the run (manifest.rs); `rtrain verify` checks it
+//! RUN_DIR/metrics.jsonl        one record per logged step and per epoch (records.rs)
+//! RUN_DIR/summary.json         the finished run (records.rs)
+//! RUN_DIR/model.safetensors    final weights, a torchvision state dict
+//! RUN_DIR/checkpoints/step-NNNNNNNNN.safetensors, best.safetensors
+//! RUN_DIR/report/              `rtrain report`'s output
+//! ```
+//!
+//! No method of [`RunDir`] is a collective: on ranks other than 0 every write is a no-op, so a
+//! caller may never deadlock the job through it.
+
+pub mod checkpoint;
+pub mod manifest;
+pub mod records;
+pub mod reproduce;
+
+use std::path::{Path, PathBuf};
+
+use tch::Tensor;
+
+use crate::config::Config;
+use crate::util::tensor_io::{self, TensorIoError};
+use checkpoint::{CheckpointError, CheckpointMeta};
+use manifest::{EpochSummary, FileHash, Manifest, ManifestError};
+use records::{EpochRecord, MetricsLog, MetricsRecord, RecordError, StepRecord, Summary};
+
+const CONFIG_FILE: &str = "config.toml";
+const MANIFEST_FILE: &str = "manifest.json";
+const METRICS_FILE: &str = "metrics.jsonl";
+const SUMMARY_FILE: &str = "summary.json";
+const WEIGHTS_FILE: &str = "model.safetensors";
+const CHECKPOINTS_DIR: &str = "checkpoints";
+const BEST_CHECKPOINT_FILE: &str = "best.safetensors";
+const STEP_CHECKPOINT_PREFIX: &str = "step-";
+const CHECKPOINT_SUFFIX: &str = ".safetensors";
+const REPORT_DIR: &str = "report";
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunDirError {
+    #[error(transparent)]
+    File(#[from] TensorIoError),
+    #[error(transparent)]
+    Records(#[from] RecordError),
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error(
+        "run directory {} already has checkpoints: pass --resume auto to continue it, or choose another --run-dir",
+        dir.display()
+    )]
+    HasCheckpoints { dir: PathBuf },
+    #[error("run directory {} holds a shard set (its {} would be overwritten): choose another --run-dir", dir.display(), crate::data::shards::MANIFEST)]
+    HoldsShards { dir: PathBuf },
+    #[error("{} already holds a run: choose another --out", dir.display())]
+    HoldsRun { dir: PathBuf },
+}
+
+/// The paths of one run directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunPaths {
+    root: PathBuf,
+}
+
+impl RunPaths {
+    pub fn new(root: impl Into<PathBuf>) -> RunPaths {
+        RunPaths { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn config(&self) -> PathBuf {
+        self.root.join(CONFIG_FILE)
+    }
+
+    pub fn manifest(&self) -> PathBuf {
+        self.root.join(MANIFEST_FILE)
+    }
+
+    pub fn metrics(&self) -> PathBuf {
+        self.root.join(METRICS_FILE)
+    }
+
+    pub fn summary(&self) -> PathBuf {
+        self.root.join(SUMMARY_FILE)
+    }
+
+    /// The final weights, a torchvision state dict.
+    pub fn weights(&self) -> PathBuf {
+        self.root.join(WEIGHTS_FILE)
+    }
+
+    pub fn checkpoints(&self) -> PathBuf {
+        self.root.join(CHECKPOINTS_DIR)
+    }
+
+    pub fn best_checkpoint(&self) -> PathBuf {
+        self.checkpoints().join(BEST_CHECKPOINT_FILE)
+    }
+
+    /// The checkpoint taken after `global_step` steps; zero-padded so that names sort in step
+    /// order.
+    pub fn step_checkpoint(&self, global_step: u64) -> PathBuf {
+        self.checkpoints().join(format!("{STEP_CHECKPOINT_PREFIX}{global_step:09}{CHECKPOINT_SUFFIX}"))
+    }
+
+    pub fn report(&self) -> PathBuf {
+        self.root.join(REPORT_DIR)
+    }
+
+    /// A file of the run directory by its path relative to it (as the manifest records it).
+    pub fn relative(&self, file: &Path) -> String {
+        file.strip_prefix(&self.root).unwrap_or(file).to_string_lossy().into_owned()
+    }
+
+    /// Refuses a directory that a fresh run would damage: one with checkpoints (unless
+    /// `resuming`), or a shard set.
+    pub fn check_writable(&self, resuming: bool) -> Result<(), RunDirError> {
+        if !resuming && !self.step_checkpoints()?.is_empty() {
+            return Err(RunDirError::HasCheckpoints { dir: self.root.clone() });
+        }
+        if crate::data::shards::ShardManifest::read(&self.root).is_ok() {
+            return Err(RunDirError::HoldsShards { dir: self.root.clone() });
+        }
+        Ok(())
+    }
+
+    /// Refuses a directory that already holds a run (for `rtrain reproduce --out`).
+    pub fn check_empty(&self) -> Result<(), RunDirError> {
+        match self.manifest().exists() {
+            true => Err(RunDirError::HoldsRun { dir: self.root.clone() }),
+            false => Ok(()),
+        }
+    }
+
+    /// Step checkpoints, oldest first, as (global step, path).
+    pub fn step_checkpoints(&self) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
+        let dir = self.checkpoints();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => return Err(CheckpointError::Io { path: dir, source }),
+        };
+        let mut found = Vec::new();
+        for entry in entries {
+            let path = entry.map_err(|source| CheckpointError::Io { path: dir.clone(), source })?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            let step =
+                name.strip_prefix(STEP_CHECKPOINT_PREFIX).and_then(|s| s.strip_suffix(CHECKPOINT_SUFFIX));
+            if let Some(Ok(step)) = step.map(str::parse::<u64>) {
+                found.push((step, path));
+            }
+        }
+        found.sort();
+        Ok(found)
+    }
+
+    /// The newest step checkpoint that reads back whole; broken ones are skipped with a
+    /// warning (a crash can only leave temporaries, but a disk can still corrupt a finished
+    /// file).
+    pub fn latest_valid_checkpoint(&self) -> Result<PathBuf, CheckpointError> {
+        for (_, path) in self.step_checkpoints()?.into_iter().rev() {
+            match checkpoint::read_whole(&path) {
+                Ok(()) => return Ok(path),
+                Err(error) => tracing::warn!("skipping unreadable checkpoint: {error}"),
+            }
+        }
+        Err(CheckpointError::NoneFound { dir: self.checkpoints() })
+    }
+}
+
+/// The run directory as training writes it. Holds rank 0's open metrics log and manifest;
+/// on every other rank it holds nothing and writes nothing.
+pub struct RunDir {
+    paths: RunPaths,
+    writer: Option<Writer>,
+}
+
+struct Writer {
+    metrics: MetricsLog,
+    /// Present once [`RunDir::start_manifest`] ran.
+    manifest: Option<Manifest>,
+}
+
+impl RunDir {
+    /// Creates the directory with `checkpoints/`, the resolved `config.toml` and an open
+    /// `metrics.jsonl`, on rank 0 (`writes`); elsewhere only names it.
+    pub fn create(paths: RunPaths, config: &Config, writes: bool) -> Result<RunDir, RunDirError> {
+        if !writes {
+            return Ok(RunDir { paths, writer: None });
+        }
+        let checkpoints = paths.checkpoints();
+        std::fs::create_dir_all(&checkpoints)
+            .map_err(|source| RunDirError::Io { path: checkpoints, source })?;
+        tensor_io::write_atomic(&paths.config(), config.to_toml()?.as_bytes())?;
+        let metrics = MetricsLog::open(&paths.metrics(), None)?;
+        Ok(RunDir { paths, writer: Some(Writer { metrics, manifest: None }) })
+    }
+
+    pub fn paths(&self) -> &RunPaths {
+        &self.paths
+    }
+
+    /// Whether this rank writes the directory (global rank 0).
+    pub fn writes(&self) -> bool {
+        self.writer.is_some()
+    }
+
+    /// Rank 0's choice of checkpoint for `--resume auto`: the newest valid one, or none (a fresh
+    /// start) when there is none yet. Other ranks learn it from rank 0.
+    pub fn auto_resume_checkpoint(&self) -> Result<Option<PathBuf>, RunDirError> {
+        if !self.writes() {
+            return Ok(None);
+        }
+        match self.paths.latest_valid_checkpoint() {
+            Ok(path) => Ok(Some(path)),
+            Err(CheckpointError::NoneFound { .. }) => {
+                tracing::info!("no checkpoint in {} yet: starting fresh", self.paths.checkpoints().display());
+                Ok(None)
+            }
+            Err(other) => Err(other.into()),
+        }
+    }
+
+    /// Drops the metrics records past a resumed checkpoint (they will be logged again).
+    pub fn rewind_metrics(&mut self, global_step: u64, epoch: u32) -> Result<(), RunDirError> {
+        if let Some(writer) = &mut self.writer {
+            writer.metrics = MetricsLog::open(&self.paths.metrics(), Some((global_step, epoch)))?;
+        }
+        Ok(())
+    }
+
+    /// Rank 0's manifest: continued from the directory's own when resuming (keeping its start
+    /// time and the epochs before the resume point), else `fresh` as given; then it records
+    /// the checkpoints already present and is written.
+    pub fn start_manifest(&mut self, fresh: Manifest, resume_epoch: u32) -> Result<(), RunDirError> {
+        let Some(writer) = &mut self.writer else { return Ok(()) };
+        let mut manifest = fresh;
+        match Manifest::read(self.paths.root()) {
+            Ok(previous) if resume_epoch > 0 || !previous.checkpoints.is_empty() => {
+                manifest.started = previous.started;
+                manifest.epochs = previous.epochs.into_iter().filter(|e| e.epoch < resume_epoch).collect();
+            }
+            _ => {}
+        }
+        for (_, file) in self.paths.step_checkpoints()? {
+            manifest.add_checkpoint(&self.paths, &file)?;
+        }
+        let best = self.paths.best_checkpoint();
+        if best.exists() {
+            manifest.add_checkpoint(&self.paths, &best)?;
+        }
+        manifest.write(&self.paths)?;
+        writer.manifest = Some(manifest);
+        Ok(())
+    }
+
+    pub fn log_step(&mut self, record: StepRecord) -> Result<(), RunDirError> {
+        if let Some(writer) = &mut self.writer {
+            writer.metrics.append(&MetricsRecord::Step(record))?;
+        }
+        Ok(())
+    }
+
+    /// Appends the epoch to metrics.jsonl and the manifest (written by the next
+    /// [`RunDir::write_manifest`]).
+    pub fn log_epoch(&mut self, record: EpochRecord) -> Result<(), RunDirError> {
+        let Some(writer) = &mut self.writer else { return Ok(()) };
+        if let Some(manifest) = &mut writer.manifest {
+            manifest.epochs.push(EpochSummary {
+                epoch: record.epoch,
+                global_step: record.global_step,
+                train_loss: record.train_loss,
+                train_accuracy: record.train_accuracy,
+                val_loss: record.val.loss,
+                val_top1: record.val.top1,
+                seconds: record.seconds,
+                images_per_second: record.train_images_per_second,
+            });
+        }
+        writer.metrics.append(&MetricsRecord::Epoch(record))?;
+        Ok(())
+    }
+
+    pub fn write_manifest(&mut self) -> Result<(), RunDirError> {
+        if let Some(Writer { manifest: Some(manifest), .. }) = &mut self.writer {
+            manifest.write(&self.paths)?;
+        }
+        Ok(())
+    }
+
+    /// Writes a step checkpoint (rank 0), deletes the step checkpoints that `retention` picks
+    /// from those present (oldest first), and records the change in the manifest. Returns the
+    /// file on rank 0.
+    pub fn save_checkpoint(
+        &mut self,
+        meta: &CheckpointMeta,
+        model: Vec<(String, Tensor)>,
+        optimizer: Vec<(String, Tensor)>,
+        retention: impl FnOnce(&[(u64, PathBuf)]) -> Vec<PathBuf>,
+    ) -> Result<Option<PathBuf>, RunDirError> {
+        let Some(writer) = &mut self.writer else { return Ok(None) };
+        let path = self.paths.step_checkpoint(meta.global_step);
+        checkpoint::save(&path, meta, model, optimizer)?;
+        for stale in retention(&self.paths.step_checkpoints()?) {
+            if let Err(error) = std::fs::remove_file(&stale) {
+                tracing::warn!("could not delete old checkpoint {}: {error}", stale.display());
+            }
+        }
+        if let Some(manifest) = &mut writer.manifest {
+            manifest.add_checkpoint(&self.paths, &path)?;
+            manifest.drop_missing_checkpoints(&self.paths);
+            manifest.write(&self.paths)?;
+        }
+        tracing::debug!("checkpoint {}", path.display());
+        Ok(Some(path))
+    }
+
+    /// Copies a step checkpoint to `best.safetensors` and records it in the manifest.
+    pub fn save_best(&mut self, checkpoint: &Path) -> Result<(), RunDirError> {
+        let Some(writer) = &mut self.writer else { return Ok(()) };
+        let best = self.paths.best_checkpoint();
+        let bytes = std::fs::read(checkpoint)
+            .map_err(|source| RunDirError::Io { path: checkpoint.to_path_buf(), source })?;
+        tensor_io::write_atomic(&best, &bytes)?;
+        if let Some(manifest) = &mut writer.manifest {
+            manifest.add_checkpoint(&self.paths, &best)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the final weights (`weights` is their torchvision state dict), their hash into the
+    /// manifest and `summary.json`; returns the summary with the hash filled in.
+    pub fn finish(&mut self, weights: &[(String, Tensor)], summary: Summary) -> Result<Summary, RunDirError> {
+        let Some(writer) = &mut self.writer else { return Ok(summary) };
+        let path = self.paths.weights();
+        tensor_io::write_safetensors(&path, weights, None)?;
+        let summary =
+            Summary { weights_sha256: tensor_io::sha256_file(&path)?, weights: path.clone(), ..summary };
+        if let Some(manifest) = &mut writer.manifest {
+            manifest.weights =
+                Some(FileHash { path: self.paths.relative(&path), sha256: summary.weights_sha256.clone() });
+            manifest.finished = Some(manifest::now());
+            manifest.write(&self.paths)?;
+        }
+        summary.write(&self.paths.summary())?;
+        Ok(summary)
+    }
+}
+
+/// `<run.dir>/<run.name>`, or with no name a sortable, time-stamped one such as
+/// `resnet18-20261130T053000Z` (free of ':' for file systems that mind).
+pub fn default_run_dir(config: &Config) -> PathBuf {
+    let name = if config.run.name.is_empty() {
+        let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        format!("{}-{}", config.model.arch, stamp.replace([':', '-'], ""))
+    } else {
+        config.run.name.clone()
+    };
+    config.run.dir.join(name)
+}

@@ -1,0 +1,246 @@
+//! The records of a run directory, each one type that both writes and reads its file:
+//! `metrics.jsonl` ([`MetricsRecord`], one JSON object per logged step and per epoch, appended
+//! as training goes, so a crashed run keeps what it logged) and `summary.json` ([`Summary`]).
+//! On resume, metrics records past the checkpoint are dropped (they will be logged again), so the
+//! file reads as one uninterrupted run.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::util::tensor_io;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: line {line}: {problem}")]
+    Parse { path: PathBuf, line: usize, problem: String },
+}
+
+/// One line of `metrics.jsonl`, told apart by its `kind` field.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum MetricsRecord {
+    Step(StepRecord),
+    Epoch(EpochRecord),
+}
+
+/// A logged training step: the step's loss and accuracy over every rank's batch.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StepRecord {
+    pub epoch: u32,
+    pub step: u64,
+    pub global_step: u64,
+    pub loss: f64,
+    pub accuracy: f64,
+    pub lr: f64,
+    pub images_per_second: f64,
+}
+
+/// A finished epoch: its training sums over all ranks and the evaluation after it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EpochRecord {
+    pub epoch: u32,
+    pub global_step: u64,
+    pub train_loss: f64,
+    pub train_accuracy: f64,
+    pub train_images_per_second: f64,
+    pub lr: f64,
+    pub seconds: f64,
+    /// Undecodable training samples skipped this epoch (all ranks).
+    pub skipped_samples: u64,
+    pub val: EvalReport,
+}
+
+/// Reads every record of a `metrics.jsonl`, in order; a line that is not a record is an error
+/// naming its line.
+pub fn read_metrics(path: &Path) -> Result<Vec<MetricsRecord>, RecordError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| RecordError::Io { path: path.to_path_buf(), source })?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(number, line)| {
+            serde_json::from_str(line).map_err(|e| RecordError::Parse {
+                path: path.to_path_buf(),
+                line: number + 1,
+                problem: e.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// An evaluation over a validation split (`train::eval` computes it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EvalReport {
+    pub samples: usize,
+    pub loss: f64,
+    pub top1: f64,
+    /// Accuracy per class, in class order (NaN-free: a class with no samples reports 0).
+    pub per_class: Vec<f64>,
+    /// `confusion[true][predicted]` counts.
+    pub confusion: Vec<Vec<u64>>,
+}
+
+/// What `summary.json` records about a finished run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Summary {
+    pub arch: String,
+    pub classes: Vec<String>,
+    pub epochs: u32,
+    pub global_steps: u64,
+    pub train_images: usize,
+    pub val_images: usize,
+    pub final_eval: Option<EvalReport>,
+    pub best_val_top1: Option<f64>,
+    pub wall_seconds: f64,
+    pub train_images_per_second: f64,
+    pub peak_rss_mib: Option<f64>,
+    pub threads: i32,
+    /// Ranks that trained (each on `batch_size` images per step) and the nodes they ran on
+    /// (1 and 1 in summaries written before they were recorded).
+    #[serde(default = "one")]
+    pub world_size: usize,
+    #[serde(default = "one")]
+    pub nodes: usize,
+    pub global_batch_size: usize,
+    pub weights: PathBuf,
+    pub weights_sha256: String,
+    pub resumed_from: Option<PathBuf>,
+}
+
+fn one() -> usize {
+    1
+}
+
+impl Summary {
+    pub fn read(path: &Path) -> Result<Summary, RecordError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| RecordError::Io { path: path.to_path_buf(), source })?;
+        serde_json::from_str(&text).map_err(|e| RecordError::Parse {
+            path: path.to_path_buf(),
+            line: e.line(),
+            problem: e.to_string(),
+        })
+    }
+
+    pub fn write(&self, path: &Path) -> Result<(), RecordError> {
+        let json = serde_json::to_string_pretty(self)
+            .map_err(|e| RecordError::Io { path: path.to_path_buf(), source: e.into() })?;
+        tensor_io::write_atomic(path, json.as_bytes()).map_err(|e| RecordError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::other(e.to_string()),
+        })
+    }
+}
+
+/// `metrics.jsonl` open for appending (rank 0 only).
+pub struct MetricsLog {
+    path: PathBuf,
+    file: File,
+}
+
+impl MetricsLog {
+    /// Opens `path` for appending. With `resume_point = Some((global_step, epoch))`, first
+    /// rewrites it (atomically) without the step records after `global_step` and the epoch
+    /// records from `epoch` on: the resumed run logs those again.
+    pub fn open(path: &Path, resume_point: Option<(u64, u32)>) -> Result<MetricsLog, RecordError> {
+        let err = |source| RecordError::Io { path: path.to_path_buf(), source };
+        if let Some((global_step, epoch)) = resume_point {
+            if path.exists() {
+                let kept = records_up_to(path, global_step, epoch).map_err(err)?;
+                tensor_io::write_atomic(path, kept.as_bytes())
+                    .map_err(|e| err(std::io::Error::other(e.to_string())))?;
+            }
+        }
+        let file = OpenOptions::new().create(true).append(true).open(path).map_err(err)?;
+        Ok(MetricsLog { path: path.to_path_buf(), file })
+    }
+
+    pub fn append(&mut self, record: &MetricsRecord) -> Result<(), RecordError> {
+        let mut line = serde_json::to_string(record)
+            .map_err(|e| RecordError::Io { path: self.path.clone(), source: e.into() })?;
+        line.push('\n');
+        self.file
+            .write_all(line.as_bytes())
+            .map_err(|source| RecordError::Io { path: self.path.clone(), source })
+    }
+}
+
+fn records_up_to(path: &Path, global_step: u64, epoch: u32) -> std::io::Result<String> {
+    let mut kept = String::new();
+    for line in BufReader::new(File::open(path)?).lines() {
+        let line = line?;
+        let Ok(record) = serde_json::from_str::<Value>(&line) else { continue };
+        let keep = match record.get("kind").and_then(Value::as_str) {
+            Some("step") => {
+                record.get("global_step").and_then(Value::as_u64).is_some_and(|s| s <= global_step)
+            }
+            Some("epoch") => {
+                record.get("epoch").and_then(Value::as_u64).is_some_and(|e| e < u64::from(epoch))
+            }
+            _ => true,
+        };
+        if keep {
+            kept.push_str(&line);
+            kept.push('\n');
+        }
+    }
+    Ok(kept)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_drops_records_after_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let mut log = MetricsLog::open(&path, None).unwrap();
+        for global_step in 1..=6 {
+            let epoch = if global_step <= 3 { 0 } else { 1 };
+            let step = StepRecord {
+                epoch,
+                step: 0,
+                global_step,
+                loss: 1.0,
+                accuracy: 0.0,
+                lr: 0.1,
+                images_per_second: 1.0,
+            };
+            log.append(&MetricsRecord::Step(step)).unwrap();
+            if global_step == 3 {
+                log.append(&MetricsRecord::Epoch(EpochRecord {
+                    epoch: 0,
+                    global_step: 3,
+                    ..EpochRecord::default()
+                }))
+                .unwrap();
+            }
+        }
+        drop(log);
+        MetricsLog::open(&path, Some((4, 1))).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let steps: Vec<u64> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["kind"] == "step")
+            .filter_map(|v| v.get("global_step").and_then(Value::as_u64))
+            .collect();
+        assert_eq!(steps, vec![1, 2, 3, 4]);
+        let epochs = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["kind"] == "epoch")
+            .count();
+        assert_eq!(epochs, 1, "the epoch 0 record stays, nothing of epoch 1 does");
+    }
+}

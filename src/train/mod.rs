@@ -1,0 +1,398 @@
+//! The training run: the pipeline from a [`RunPlan`] to a finished run directory, in
+//! [`run`], which reads top to bottom with every collective called by name.
+//!
+//! Data parallelism: every rank starts from rank 0's weights, trains on its strided shard of
+//! each epoch's permutation with `data.batch_size` images per step, and averages gradients with
+//! the others after backward, so all ranks take identical steps. Only global rank 0 writes the
+//! run directory ([`RunDir`]); metrics and evaluations are summed over ranks first.
+//!
+//! The parts: [`step`] (the one training step), [`trainer`] (optimizer, schedule, gradient sync
+//! and where training stands), [`epoch`] (one epoch of steps), [`eval`], [`policy`] (when to
+//! save and delete checkpoints) and [`optim`].
+
+pub mod epoch;
+pub mod eval;
+pub mod optim;
+pub mod policy;
+pub mod step;
+pub mod trainer;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tch::{Device, Kind};
+
+use crate::cluster::grad_sync::{GradSync, GradSyncError, Reducer, SyncOptions};
+use crate::cluster::nccl::Nccl;
+use crate::cluster::{self, Communicator, DistError};
+use crate::data::dataset::{DataError, Dataset};
+use crate::data::shards::ShardError;
+use crate::model::precision::ShimError;
+use crate::model::{Model, ModelError};
+use crate::plan::{PlanError, RunPlan};
+use crate::run_dir::checkpoint::{CheckpointError, EpochTotals};
+use crate::run_dir::manifest::{self, DataSplit, Manifest};
+use crate::run_dir::records::Summary;
+use crate::run_dir::{RunDir, RunDirError, RunPaths};
+use crate::util::tensor_io::TensorIoError;
+use step::{GradientSync, StepError};
+use trainer::{Position, Trainer};
+
+pub use crate::plan::Resume;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Shards(#[from] ShardError),
+    #[error("every sample of batch {step} from {} was undecodable and skipped", dir.display())]
+    EmptyBatch { step: u64, dir: PathBuf },
+    #[error(transparent)]
+    Eval(#[from] eval::EvalError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Optim(#[from] optim::OptimError),
+    #[error(transparent)]
+    RunDir(#[from] RunDirError),
+    #[error(transparent)]
+    File(#[from] TensorIoError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Step(#[from] StepError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("data: {train} has classes {train_classes:?} but {val} has {val_classes:?}")]
+    ClassMismatch { train: PathBuf, val: PathBuf, train_classes: Vec<String>, val_classes: Vec<String> },
+    #[error("model.num_classes = {configured}, but {dir} has {found} class folders")]
+    ClassCount { configured: usize, found: usize, dir: PathBuf },
+    #[error("{dir}: fewer training images ({images}) than one batch (data.batch_size = {batch})")]
+    TooFewImages { dir: PathBuf, images: usize, batch: usize },
+    #[error(transparent)]
+    Shim(#[from] ShimError),
+    #[error(transparent)]
+    GradSync(#[from] GradSyncError),
+    #[error(transparent)]
+    Dist(#[from] DistError),
+    #[error(transparent)]
+    Manifest(#[from] manifest::ManifestError),
+    #[error("weights digest: cannot read tensor {name}: {source}")]
+    Digest { name: String, source: tch::TchError },
+}
+
+/// Trains as `plan` says into the run directory at `paths`. Every rank calls it.
+pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Result<Summary, TrainError> {
+    let (started, started_at) = (Instant::now(), manifest::now());
+    let data = Splits::open(plan)?;
+    let model = build_model(plan, &data)?;
+    broadcast_weights(comm.as_ref(), &model);
+    let steps_per_epoch = plan.steps_per_epoch(data.train.len(), data.train.root())?;
+    let mut trainer = Trainer::new(plan, &model, data.classes(), steps_per_epoch);
+    let hosts = cluster::gather_strings(comm.as_ref(), &plan.topology.host);
+    let mut out = RunDir::create(paths, &plan.config, plan.topology.is_root())?;
+    let resume_from = broadcast_resume_checkpoint(comm.as_ref(), plan, &out)?;
+    let position = match &resume_from {
+        Some(path) => trainer.restore(&model, path, &mut out)?,
+        None => Position::default(),
+    };
+    if out.writes() {
+        out.start_manifest(run_manifest(plan, &data, started_at, hosts, comm.as_ref())?, position.epoch)?;
+    }
+    trainer.sync = join_gradient_sync(plan, &model, comm)?;
+    log_start(plan, &data, steps_per_epoch, out.paths());
+    for epoch in position.epoch..plan.last_epoch {
+        let resumed = position.within(epoch);
+        let totals =
+            epoch::train_epoch(&mut trainer, &model, &data.train, comm.as_ref(), &mut out, resumed, epoch)?;
+        let totals = reduce_totals(comm.as_ref(), &totals);
+        sync_buffers(comm.as_ref(), &model);
+        let val = eval::evaluate_split(&model, &data.val, plan, comm.as_ref())?;
+        trainer.finish_epoch(&model, epoch, &totals, val, &mut out)?;
+    }
+    sync_buffers(comm.as_ref(), &model);
+    check_replicas_agree(comm.as_ref(), &model)?;
+    let summary = trainer.summary(&data, started, resume_from);
+    let summary = out.finish(&model.torchvision_state_dict(trainer.steps()), summary)?;
+    log_done(&summary);
+    Ok(summary)
+}
+
+/// The training and validation splits, which agree on the classes.
+pub struct Splits {
+    pub train: Arc<dyn Dataset>,
+    pub val: Arc<dyn Dataset>,
+}
+
+impl Splits {
+    /// Opens both splits under the plan's data root and checks them against each other, the
+    /// configured class count and the batch size.
+    pub fn open(plan: &RunPlan) -> Result<Splits, TrainError> {
+        let d = &plan.config.data;
+        let train = crate::data::open_split(&plan.data_root, &d.train_split)?;
+        let val = crate::data::open_split(&plan.data_root, &d.val_split)?;
+        if train.classes() != val.classes() {
+            return Err(TrainError::ClassMismatch {
+                train: train.root().to_path_buf(),
+                val: val.root().to_path_buf(),
+                train_classes: train.classes().to_vec(),
+                val_classes: val.classes().to_vec(),
+            });
+        }
+        if train.len() < d.batch_size && d.drop_last {
+            return Err(TrainError::TooFewImages {
+                dir: train.root().to_path_buf(),
+                images: train.len(),
+                batch: d.batch_size,
+            });
+        }
+        let configured = plan.config.model.num_classes;
+        if configured != 0 && configured != train.classes().len() {
+            return Err(TrainError::ClassCount {
+                configured,
+                found: train.classes().len(),
+                dir: train.root().to_path_buf(),
+            });
+        }
+        Ok(Splits { train, val })
+    }
+
+    pub fn classes(&self) -> &[String] {
+        self.train.classes()
+    }
+}
+
+/// The model as configured: seeded initialisation, pretrained weights, frozen parts, and the
+/// plan's memory format.
+fn build_model(plan: &RunPlan, data: &Splits) -> Result<Model, TrainError> {
+    let m = &plan.config.model;
+    tch::manual_seed(i64::from_ne_bytes(plan.config.run.seed.to_ne_bytes()));
+    let mut model = Model::new(m.arch, data.classes().len(), plan.compute.device)?;
+    if let Some(path) = &m.pretrained {
+        let report = model.load_pretrained(path)?;
+        tracing::info!(
+            "loaded {} tensors from {}; re-initialised {:?}; ignored {} num_batches_tracked counters",
+            report.loaded,
+            path.display(),
+            report.reinitialised,
+            report.ignored.len()
+        );
+    }
+    if m.freeze_backbone {
+        model.freeze_backbone();
+    }
+    if m.freeze_batchnorm {
+        model.freeze_batchnorm();
+    }
+    plan.compute.prepare_model(&model)?;
+    tracing::info!(
+        "compute: {} ({}); {} libtorch threads, {} loader threads",
+        plan.compute,
+        plan.compute_reason,
+        plan.threads,
+        plan.loader_workers
+    );
+    Ok(model)
+}
+
+/// Every rank starts from rank 0's weights, whatever its seed or file system did. A collective.
+fn broadcast_weights(comm: &dyn Communicator, model: &Model) {
+    cluster::broadcast_from_root(comm, model.state_dict().into_values());
+}
+
+/// BatchNorm running statistics (and any other non-trained tensor) from rank 0, so that
+/// evaluation and checkpoints see one model. A collective.
+pub fn sync_buffers(comm: &dyn Communicator, model: &Model) {
+    let buffers = model.state_dict().into_values().filter(|t| !t.requires_grad());
+    cluster::broadcast_from_root(comm, buffers);
+}
+
+/// Training sums over all ranks (seconds: the mean over ranks). A collective.
+pub fn reduce_totals(comm: &dyn Communicator, local: &EpochTotals) -> EpochTotals {
+    let world = comm.topology().world_size;
+    if world == 1 {
+        return *local;
+    }
+    let mut sums =
+        [local.loss_sum, local.correct as f64, local.samples as f64, local.seconds, local.skipped as f64];
+    comm.all_reduce_sum_f64(&mut sums);
+    EpochTotals {
+        loss_sum: sums[0],
+        correct: sums[1] as u64,
+        samples: sums[2] as u64,
+        seconds: sums[3] / world as f64,
+        skipped: sums[4] as u64,
+    }
+}
+
+/// The checkpoint to resume from, on every rank: rank 0 chooses, the others load that same
+/// file. A collective.
+fn broadcast_resume_checkpoint(
+    comm: &dyn Communicator,
+    plan: &RunPlan,
+    out: &RunDir,
+) -> Result<Option<PathBuf>, TrainError> {
+    let chosen = match &plan.resume {
+        Resume::Fresh => None,
+        Resume::From(path) => Some(path.clone()),
+        Resume::Auto => out.auto_resume_checkpoint()?,
+    };
+    let chosen = chosen.map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+    let chosen = cluster::broadcast_string(comm, &chosen, 0);
+    Ok(Some(chosen).filter(|p| !p.is_empty()).map(PathBuf::from))
+}
+
+/// How gradients are averaged: not at all with one rank; else NCCL when the ranks train on
+/// GPUs and every one of them can load it, or MPI (through host memory for GPU tensors), with
+/// the reason in the log. A collective (NCCL's set-up).
+fn join_gradient_sync(
+    plan: &RunPlan,
+    model: &Model,
+    comm: &Arc<dyn Communicator>,
+) -> Result<GradientSync, TrainError> {
+    if plan.topology.world_size == 1 {
+        return Ok(GradientSync::Local);
+    }
+    let device = plan.compute.device;
+    let reducer = match device.is_cuda() {
+        false => Reducer::Mpi,
+        true => match Nccl::join(comm.as_ref(), device) {
+            Ok(nccl) => Reducer::Nccl(nccl),
+            Err(err) => {
+                tracing::warn!("NCCL not used, gradients go through MPI and host memory: {err}");
+                Reducer::Mpi
+            }
+        },
+    };
+    tracing::info!("gradient all-reduce: {}", reducer.describe(comm.as_ref(), device.is_cuda()));
+    let dist = &plan.config.dist;
+    let options = SyncOptions {
+        bucket_mb: dist.bucket_mb,
+        overlap: dist.overlap,
+        poll: std::time::Duration::from_micros(dist.poll_us),
+    };
+    Ok(GradientSync::AllReduce(GradSync::new(comm.clone(), model.trainable(), options, reducer)?))
+}
+
+/// Rank 0's manifest of a starting run: what produced it, and the hash of every data file.
+fn run_manifest(
+    plan: &RunPlan,
+    data: &Splits,
+    started: String,
+    hosts: Vec<String>,
+    comm: &dyn Communicator,
+) -> Result<Manifest, TrainError> {
+    let config = &plan.config;
+    let hashing = Instant::now();
+    let mut splits = vec![
+        DataSplit::hash(&config.data.train_split, data.train.as_ref())?,
+        DataSplit::hash(&config.data.val_split, data.val.as_ref())?,
+    ];
+    if config.data.stage_dir.is_some() {
+        // A staged copy holds the same files under the same names as `data.root`; record the
+        // lasting original, which `rtrain verify` can still find after the node's local disk
+        // is wiped.
+        for split in &mut splits {
+            split.root =
+                std::fs::canonicalize(&config.data.root).unwrap_or_else(|_| config.data.root.clone());
+        }
+    }
+    tracing::info!(
+        "hashed {} data files in {:.1}s",
+        splits.iter().map(|split| split.files.len()).sum::<usize>(),
+        hashing.elapsed().as_secs_f64()
+    );
+    let topology = &plan.topology;
+    Ok(Manifest {
+        rtrain_version: env!("CARGO_PKG_VERSION").to_string(),
+        git_revision: manifest::GIT_REVISION.to_string(),
+        config_hash: config.hash()?,
+        config: config.clone(),
+        seeds: manifest::Seeds::from_run_seed(config.run.seed),
+        deterministic: config.run.deterministic,
+        software: manifest::Software::here(comm.library_version()),
+        container: manifest::Container::detect(),
+        job: manifest::Job {
+            launcher: topology.launcher.clone(),
+            world_size: topology.world_size,
+            nodes: topology.nodes,
+            ranks_per_node: topology.local_world_size,
+            hosts,
+            device: format!("{:?}", plan.compute.device),
+            threads_per_rank: plan.threads,
+        },
+        data: splits,
+        started,
+        updated: String::new(),
+        finished: None,
+        epochs: Vec::new(),
+        checkpoints: Default::default(),
+        weights: None,
+    })
+}
+
+/// Compares every rank's final weights with rank 0's (a collective); replicas that drifted
+/// apart (e.g. a non-deterministic reduction) are reported loudly, and rank 0's model is
+/// saved.
+fn check_replicas_agree(comm: &dyn Communicator, model: &Model) -> Result<(), TrainError> {
+    let digest = weights_digest(model)?;
+    let root_digest = cluster::broadcast_string(comm, &digest, 0);
+    let rank = comm.topology().rank;
+    tracing::info!("final weights digest {digest} (rank {rank})");
+    if digest != root_digest {
+        tracing::warn!("rank {rank}: final weights differ from rank 0's ({digest} vs {root_digest})");
+    }
+    Ok(())
+}
+
+/// sha256 over every tensor's name and values, in name order: equal on two ranks exactly when
+/// their models are bit-identical.
+pub fn weights_digest(model: &Model) -> Result<String, TrainError> {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for (name, tensor) in model.state_dict() {
+        hasher.update(name.as_bytes());
+        let values = tensor.to_device(Device::Cpu).to_kind(Kind::Float).contiguous().view(-1);
+        let values: Vec<f32> =
+            Vec::try_from(values).map_err(|source| TrainError::Digest { name: name.clone(), source })?;
+        for value in values {
+            hasher.update(value.to_le_bytes());
+        }
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+fn log_start(plan: &RunPlan, data: &Splits, steps_per_epoch: u64, paths: &RunPaths) {
+    let (config, topology) = (&plan.config, &plan.topology);
+    tracing::info!(
+        "training {} ({} classes) on {} images ({} val), {} epochs x {} steps, batch {} x {} ranks on {} nodes, {} threads per rank, run dir {}",
+        config.model.arch,
+        data.classes().len(),
+        data.train.len(),
+        data.val.len(),
+        config.train.epochs,
+        steps_per_epoch,
+        config.data.batch_size,
+        topology.world_size,
+        topology.nodes,
+        plan.threads,
+        paths.root().display()
+    );
+}
+
+fn log_done(summary: &Summary) {
+    if summary.weights_sha256.is_empty() {
+        return; // not rank 0: nothing was written
+    }
+    tracing::info!(
+        "done in {:.1}s: val top-1 {:.4}, weights {} (sha256 {})",
+        summary.wall_seconds,
+        summary.final_eval.as_ref().map_or(f64::NAN, |r| r.top1),
+        summary.weights.display(),
+        &summary.weights_sha256[..16]
+    );
+}

@@ -1,0 +1,263 @@
+//! What trains the model and remembers where training stands: the optimizer and its
+//! learning-rate schedule, the gradient sync, the best and last validation scores. It takes
+//! steps, restores from a checkpoint, and describes itself for checkpoints and the summary.
+//! None of its methods is a collective except [`Trainer::step`] (through the gradient sync).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use tch::Tensor;
+
+use super::eval::EvalReport;
+use super::optim::{Optimizer, Schedule};
+use super::policy;
+use super::step::{self, GradientSync, StepContext, StepOutput};
+use super::{Splits, TrainError};
+use crate::model::Model;
+use crate::plan::RunPlan;
+use crate::run_dir::checkpoint::{self, CheckpointError, CheckpointMeta, EpochTotals};
+use crate::run_dir::records::{EpochRecord, Summary};
+use crate::run_dir::RunDir;
+
+/// Where training stands: the epoch in progress, how many of its steps are done, and the
+/// training sums of those steps.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Position {
+    pub epoch: u32,
+    pub step_in_epoch: usize,
+    pub totals: EpochTotals,
+}
+
+impl Position {
+    /// Where epoch `epoch` starts: after the resumed steps in the epoch training resumed in,
+    /// else at its beginning. The checkpointed sums are global: rank 0 carries them, the others
+    /// start from zero.
+    pub fn within(&self, epoch: u32) -> (usize, EpochTotals, bool) {
+        match epoch == self.epoch {
+            true => (self.step_in_epoch, self.totals, true),
+            false => (0, EpochTotals::default(), false),
+        }
+    }
+}
+
+pub struct Trainer<'a> {
+    pub plan: &'a RunPlan,
+    pub optimizer: Optimizer,
+    pub schedule: Schedule,
+    /// Set once the ranks have joined it (see `train::run`); local until then.
+    pub sync: GradientSync,
+    classes: Vec<String>,
+    pub steps_per_epoch: u64,
+    best_val_top1: Option<f64>,
+    last_val_top1: Option<f64>,
+    /// Over the epochs trained in this process (not the resumed ones).
+    trained_images: u64,
+    trained_seconds: f64,
+    final_eval: Option<EvalReport>,
+}
+
+impl<'a> Trainer<'a> {
+    pub fn new(plan: &'a RunPlan, model: &Model, classes: &[String], steps_per_epoch: u64) -> Trainer<'a> {
+        let config = &plan.config;
+        Trainer {
+            plan,
+            optimizer: Optimizer::new(&config.optim, model.trainable()),
+            schedule: Schedule::new(&config.schedule, config.optim.lr, steps_per_epoch, config.train.epochs),
+            sync: GradientSync::Local,
+            classes: classes.to_vec(),
+            steps_per_epoch,
+            best_val_top1: None,
+            last_val_top1: None,
+            trained_images: 0,
+            trained_seconds: 0.0,
+            final_eval: None,
+        }
+    }
+
+    /// Optimizer steps taken in all.
+    pub fn steps(&self) -> u64 {
+        self.optimizer.steps()
+    }
+
+    /// The learning rate of the next step.
+    pub fn lr(&self) -> f64 {
+        self.schedule.lr(self.optimizer.steps())
+    }
+
+    /// One training step at [`Self::lr`]. A collective with more than one rank.
+    pub fn step(
+        &mut self,
+        model: &Model,
+        images: &Tensor,
+        labels: &Tensor,
+    ) -> Result<StepOutput, TrainError> {
+        let lr = self.lr();
+        let context = StepContext {
+            model,
+            compute: &self.plan.compute,
+            label_smoothing: self.plan.config.train.label_smoothing,
+        };
+        Ok(step::train_step(&context, &mut self.optimizer, &mut self.sync, images, labels, lr)?)
+    }
+
+    /// Restores the model and the optimizer from `path` and rewinds the run's metrics to it;
+    /// returns where training stands.
+    pub fn restore(&mut self, model: &Model, path: &Path, out: &mut RunDir) -> Result<Position, TrainError> {
+        let checkpoint = checkpoint::load(path, Some((model.arch, model.num_classes)))?;
+        let meta = &checkpoint.meta;
+        if meta.classes != self.classes {
+            return Err(CheckpointError::Mismatch {
+                path: path.to_path_buf(),
+                found: format!("classes {:?}", meta.classes),
+                expected: format!("classes {:?}", self.classes),
+            }
+            .into());
+        }
+        if meta.config_hash != self.plan.config.hash()? {
+            tracing::warn!(
+                "{}: made with another configuration; resuming with the current one",
+                path.display()
+            );
+        }
+        model.restore(&checkpoint.model, path)?;
+        self.optimizer.load_state(&checkpoint.optimizer, meta.global_step)?;
+        out.rewind_metrics(meta.global_step, meta.epoch)?;
+        self.last_val_top1 = meta.val_top1;
+        self.best_val_top1 = meta.best_val_top1;
+        tracing::info!(
+            "resumed from {} at epoch {} step {} (global step {})",
+            path.display(),
+            meta.epoch,
+            meta.step_in_epoch,
+            meta.global_step
+        );
+        Ok(Position {
+            epoch: meta.epoch,
+            step_in_epoch: usize::try_from(meta.step_in_epoch).unwrap_or(usize::MAX),
+            totals: meta.epoch_totals,
+        })
+    }
+
+    /// Saves a checkpoint of `model` at `epoch`/`step_in_epoch` with the epoch's global sums so
+    /// far (rank 0 writes; no collective: reduce the sums and sync the buffers first).
+    pub fn save_checkpoint(
+        &self,
+        model: &Model,
+        out: &mut RunDir,
+        epoch: u32,
+        step_in_epoch: u64,
+        totals: EpochTotals,
+    ) -> Result<Option<PathBuf>, TrainError> {
+        if !out.writes() {
+            return Ok(None);
+        }
+        let config = &self.plan.config;
+        let meta = CheckpointMeta {
+            arch: model.arch,
+            num_classes: model.num_classes,
+            classes: self.classes.clone(),
+            epoch,
+            step_in_epoch,
+            global_step: self.optimizer.steps(),
+            seed: config.run.seed,
+            config_hash: config.hash()?,
+            val_top1: self.last_val_top1,
+            best_val_top1: self.best_val_top1,
+            epoch_totals: totals,
+            rtrain_version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        let tensors: Vec<(String, Tensor)> = model.state_dict().into_iter().collect();
+        let keep_last = config.checkpoint.keep_last;
+        let retention = |present: &[(u64, PathBuf)]| policy::retention(present, keep_last);
+        Ok(out.save_checkpoint(&meta, tensors, self.optimizer.state_tensors(), retention)?)
+    }
+
+    /// Logs a finished epoch (its global training sums and evaluation), and saves what the
+    /// checkpoint policy asks for. No collective.
+    pub fn finish_epoch(
+        &mut self,
+        model: &Model,
+        epoch: u32,
+        totals: &EpochTotals,
+        val: EvalReport,
+        out: &mut RunDir,
+    ) -> Result<(), TrainError> {
+        let config = &self.plan.config;
+        let samples = totals.samples.max(1) as f64;
+        let record = EpochRecord {
+            epoch,
+            global_step: self.optimizer.steps(),
+            train_loss: totals.loss_sum / samples,
+            train_accuracy: totals.correct as f64 / samples,
+            train_images_per_second: totals.samples as f64 / totals.seconds.max(1e-9),
+            lr: self.schedule.lr(self.optimizer.steps().saturating_sub(1)),
+            seconds: totals.seconds,
+            skipped_samples: totals.skipped,
+            val,
+        };
+        if totals.skipped > 0 {
+            tracing::warn!("epoch {}: skipped {} undecodable training samples", epoch + 1, totals.skipped);
+        }
+        tracing::info!(
+            "epoch {}/{}: train loss {:.4} acc {:.4} ({:.1} img/s) | val loss {:.4} top-1 {:.4} per class {:?}",
+            epoch + 1,
+            config.train.epochs,
+            record.train_loss,
+            record.train_accuracy,
+            record.train_images_per_second,
+            record.val.loss,
+            record.val.top1,
+            record.val.per_class.iter().map(|a| (a * 1000.0).round() / 1000.0).collect::<Vec<_>>()
+        );
+        tracing::info!("confusion (rows: true class, columns: predicted): {:?}", record.val.confusion);
+        self.trained_images += totals.samples;
+        self.trained_seconds += totals.seconds;
+        let top1 = record.val.top1;
+        self.final_eval = Some(record.val.clone());
+        out.log_epoch(record)?;
+        self.last_val_top1 = Some(top1);
+        let is_best = policy::is_best(self.best_val_top1, top1);
+        if is_best {
+            self.best_val_top1 = Some(top1);
+        }
+        let actions = policy::after_epoch(&config.checkpoint, epoch, config.train.epochs, is_best);
+        if actions.save {
+            let saved = self.save_checkpoint(model, out, epoch + 1, 0, EpochTotals::default())?;
+            if let (Some(path), true) = (saved, actions.keep_as_best) {
+                out.save_best(&path)?;
+            }
+        }
+        out.write_manifest()?;
+        Ok(())
+    }
+
+    /// What `summary.json` says of the run (the final weights' path and hash are the run
+    /// directory's to fill in).
+    pub fn summary(&self, data: &Splits, started: Instant, resumed_from: Option<PathBuf>) -> Summary {
+        let (config, topology) = (&self.plan.config, &self.plan.topology);
+        Summary {
+            arch: config.model.arch.to_string(),
+            classes: self.classes.clone(),
+            epochs: config.train.epochs,
+            global_steps: self.optimizer.steps(),
+            train_images: data.train.len(),
+            val_images: data.val.len(),
+            final_eval: self.final_eval.clone(),
+            best_val_top1: self.best_val_top1,
+            wall_seconds: started.elapsed().as_secs_f64(),
+            train_images_per_second: if self.trained_seconds > 0.0 {
+                self.trained_images as f64 / self.trained_seconds
+            } else {
+                0.0
+            },
+            peak_rss_mib: crate::util::memory::peak_rss_mib(),
+            threads: self.plan.threads,
+            world_size: topology.world_size,
+            nodes: topology.nodes,
+            global_batch_size: config.data.batch_size * topology.world_size,
+            weights: PathBuf::new(),
+            weights_sha256: String::new(),
+            resumed_from,
+        }
+    }
+}
