@@ -36,6 +36,8 @@ def main():
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--bucket-mb", type=float, default=25.0)
+    # DDP's gradient compression hooks (torch.distributed.algorithms.ddp_comm_hooks.default_hooks).
+    parser.add_argument("--compress", choices=["none", "bf16", "fp16"], default="none")
     args = parser.parse_args()
 
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
@@ -58,6 +60,11 @@ def main():
                                          num_workers=args.workers, drop_last=True)
     model = getattr(torchvision.models, args.arch)(num_classes=len(dataset.classes))
     model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
+    if args.compress != "none":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        hook = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}[args.compress]
+        model.register_comm_hook(None, hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
     loss_fn = torch.nn.CrossEntropyLoss()
 

@@ -23,7 +23,8 @@ use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
 use crate::cluster::grad_sync::{bucket_layout, FIRST_BUCKET_BYTES};
-use crate::cluster::Communicator;
+use crate::cluster::wire::Wire;
+use crate::cluster::{self, Communicator};
 use crate::config::Config;
 use crate::model::precision::{Compute, ShimError};
 use crate::model::{Arch, Model, ModelError};
@@ -361,7 +362,11 @@ pub struct AllreduceBenchResult {
     pub arch: String,
     pub world_size: usize,
     pub nodes: usize,
+    /// Gradient bytes as training holds them (fp32).
     pub gradient_bytes: usize,
+    /// What crosses the network: "fp32", "bf16" or "fp16", and its bytes.
+    pub wire: String,
+    pub wire_bytes: usize,
     pub bucket_mb: f64,
     pub buckets: usize,
     /// Timed as the communication thread calls it (non-blocking, polled), else blocking.
@@ -372,6 +377,9 @@ pub struct AllreduceBenchResult {
     pub algbw_gbit: f64,
     /// algbw x 2(p-1)/p, in Gbit/s: what each rank's link carried.
     pub busbw_gbit: f64,
+    /// The same on the wire bytes (equal to the above without compression).
+    pub wire_algbw_gbit: f64,
+    pub wire_busbw_gbit: f64,
 }
 
 /// `rtrain bench allreduce`: every model's gradients in buckets of every size.
@@ -381,6 +389,10 @@ pub struct AllreduceSuite {
     pub algorithm: crate::cluster::AllreduceAlgorithm,
     /// Blocking calls instead of the communication thread's polled non-blocking ones.
     pub blocking: bool,
+    /// Gradients on the wire as `dist.compress` would send them.
+    pub compress: crate::config::GradCompression,
+    /// After timing, check the compressed mean against the exact one.
+    pub check: bool,
     pub warmup: usize,
     pub iterations: usize,
 }
@@ -389,6 +401,7 @@ pub struct AllreduceSuite {
 pub enum AllreduceEvent<'a> {
     Started(&'a crate::cluster::Topology),
     Measured(AllreduceBenchResult),
+    Checked(WireCheck),
 }
 
 /// Runs the suite as one rank of the job (every rank calls it, under mpirun); rank 0 hears of
@@ -410,11 +423,18 @@ pub fn allreduce_suite(
         .then(|| std::time::Duration::from_micros(crate::config::DistConfig::default().poll_us));
     for &arch in &suite.archs {
         for &bucket_mb in &suite.bucket_mbs {
-            let result =
-                bench_allreduce(comm.as_ref(), arch, bucket_mb, poll, suite.warmup, suite.iterations)?;
+            let wire = Wire::of(suite.compress);
+            let rounds = (suite.warmup, suite.iterations);
+            let result = bench_allreduce(comm.as_ref(), arch, bucket_mb, poll, wire, rounds)?;
             if topology.is_root() {
                 on_root(AllreduceEvent::Measured(result));
             }
+        }
+    }
+    if let (true, Some(wire)) = (suite.check, Wire::of(suite.compress)) {
+        let checked = check_wire(comm.as_ref(), wire, 1 << 20);
+        if topology.is_root() {
+            on_root(AllreduceEvent::Checked(checked));
         }
     }
     Ok(())
@@ -429,8 +449,8 @@ pub fn bench_allreduce(
     arch: Arch,
     bucket_mb: f64,
     poll: Option<std::time::Duration>,
-    warmup: usize,
-    iterations: usize,
+    wire: Option<Wire>,
+    (warmup, iterations): (usize, usize),
 ) -> Result<AllreduceBenchResult, BenchError> {
     let model = Model::new(arch, 1000, Device::Cpu)?;
     let numels: Vec<usize> = model.trainable().iter().map(|(_, t)| t.numel()).collect();
@@ -439,15 +459,28 @@ pub fn bench_allreduce(
     let layout = bucket_layout(&numels, &order, FIRST_BUCKET_BYTES.min(cap), cap);
     let mut buckets: Vec<Vec<f32>> =
         layout.iter().map(|members| vec![1.0f32; members.iter().map(|&i| numels[i]).sum()]).collect();
-    let gradient_bytes: usize = numels.iter().sum::<usize>() * std::mem::size_of::<f32>();
+    let values: usize = numels.iter().sum();
+    let gradient_bytes = values * std::mem::size_of::<f32>();
+    let wire_bytes = values * wire.map_or(std::mem::size_of::<f32>(), |_| Wire::BYTES);
+    let mut scratch = Vec::new();
     let mut seconds = Vec::with_capacity(iterations);
     for i in 0..warmup + iterations {
         comm.barrier();
         let started = Instant::now();
         for bucket in &mut buckets {
-            match poll {
-                Some(poll) => comm.all_reduce_sum_f32_background(bucket, poll),
-                None => comm.all_reduce_sum_f32(bucket),
+            match (wire, poll) {
+                (None, Some(poll)) => comm.all_reduce_sum_f32_background(bucket, poll),
+                (None, None) => comm.all_reduce_sum_f32(bucket),
+                // As training does: cast, sum on the wire, widen.
+                (Some(wire), poll) => {
+                    cluster::all_reduce_mean_compressed(
+                        comm,
+                        bucket,
+                        wire,
+                        &mut scratch,
+                        poll.unwrap_or_default(),
+                    );
+                }
             }
         }
         if i >= warmup {
@@ -456,21 +489,86 @@ pub fn bench_allreduce(
     }
     let topology = comm.topology();
     let median_seconds = median(&seconds);
-    let p = topology.world_size as f64;
+    let bus = |algbw: f64| algbw * 2.0 * (topology.world_size as f64 - 1.0) / topology.world_size as f64;
     let algbw_gbit = gradient_bytes as f64 * 8.0 / median_seconds / 1e9;
+    let wire_algbw_gbit = wire_bytes as f64 * 8.0 / median_seconds / 1e9;
     Ok(AllreduceBenchResult {
         arch: arch.to_string(),
         world_size: topology.world_size,
         nodes: topology.nodes,
         gradient_bytes,
+        wire: wire.map_or("fp32".to_string(), |w| format!("{w:?}").to_lowercase()),
+        wire_bytes,
         bucket_mb,
         buckets: layout.len(),
         background: poll.is_some(),
         seconds,
         median_seconds,
         algbw_gbit,
-        busbw_gbit: algbw_gbit * 2.0 * (p - 1.0) / p,
+        busbw_gbit: bus(algbw_gbit),
+        wire_algbw_gbit,
+        wire_busbw_gbit: bus(wire_algbw_gbit),
     })
+}
+
+/// How far a compressed all-reduce's mean lands from the exact mean rounded to the wire
+/// format, over values every rank draws from its own seeded stream (gradient-like: normal,
+/// with a scale that varies by 10^-6..10^2 across blocks). Rank 0 draws every rank's values
+/// again to compute the reference.
+#[derive(Debug, Clone, Serialize)]
+pub struct WireCheck {
+    pub wire: String,
+    pub values: usize,
+    /// Results equal to the reference.
+    pub exact: usize,
+    /// Results at most one ulp (of the wire format at the reference) from it.
+    pub within_one_ulp: usize,
+    /// Largest |result - reference| in units of the wire format's ulp at the reference.
+    pub max_ulps: f64,
+    /// Largest |result - reference| in units of the wire format's ulp at the largest rank's
+    /// share (|value| / world size): the bound that holds when shares of opposite sign cancel.
+    pub max_ulps_of_shares: f64,
+}
+
+pub fn check_wire(comm: &dyn Communicator, wire: Wire, values: usize) -> WireCheck {
+    let topology = comm.topology();
+    let draw = |rank: usize| -> Vec<f32> {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x5eed_0000 + rank as u64);
+        (0..values)
+            .map(|i| {
+                let scale = 10f32.powi((i / 4096 % 9) as i32 - 6);
+                // Box-Muller: a standard normal from two uniforms.
+                let (u, v) = (rng.random::<f32>().max(f32::MIN_POSITIVE), rng.random::<f32>());
+                let normal = (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos();
+                normal * scale
+            })
+            .collect()
+    };
+    let mut mine = draw(topology.rank);
+    cluster::all_reduce_mean_compressed(comm, &mut mine, wire, &mut Vec::new(), std::time::Duration::ZERO);
+    let all: Vec<Vec<f32>> = (0..topology.world_size).map(draw).collect();
+    let world = topology.world_size as f64;
+    let (mut exact, mut within_one_ulp, mut max_ulps, mut max_ulps_of_shares) = (0, 0, 0.0f64, 0.0f64);
+    for (i, &result) in mine.iter().enumerate() {
+        let mean = all.iter().map(|v| f64::from(v[i])).sum::<f64>() / world;
+        let reference = wire.decode(wire.encode(mean as f32));
+        let error = f64::from((result - reference).abs());
+        exact += usize::from(error == 0.0);
+        let ulps = error / f64::from(wire.ulp(reference));
+        within_one_ulp += usize::from(ulps <= 1.0);
+        max_ulps = max_ulps.max(ulps);
+        let share = all.iter().map(|v| v[i].abs()).fold(0.0f32, f32::max) / topology.world_size as f32;
+        max_ulps_of_shares = max_ulps_of_shares.max(error / f64::from(wire.ulp(share)));
+    }
+    WireCheck {
+        wire: format!("{wire:?}").to_lowercase(),
+        values,
+        exact,
+        within_one_ulp,
+        max_ulps,
+        max_ulps_of_shares,
+    }
 }
 
 #[cfg(test)]

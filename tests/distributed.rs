@@ -328,3 +328,74 @@ fn two_simulated_nodes_train_like_one_process() {
     let diff = max_abs_diff(&weights(&two), &weights(&dir.path().join("one")));
     assert!(diff < 1e-5, "2 nodes x 8 vs 1 x 16: max |diff| {diff:e}");
 }
+
+/// `dist.compress`: under a real 2-rank job, the compressed mean of gradient-like values
+/// (normal, scales 1e-6..1e2, both signs) is the exact mean rounded to the wire format, up to
+/// the rounding of the ranks' shares and of their sum on the wire; and the timed all-reduce
+/// sends half the bytes.
+#[test]
+fn compressed_gradients_are_the_mean_rounded_to_the_wire_format() {
+    let dir = tempfile::tempdir().unwrap();
+    for wire in ["bf16", "fp16"] {
+        let mut job = mpirun(dir.path());
+        job.args(["-np", "2", rtrain_bin(), "bench", "allreduce", "--arch", "resnet18", "--bucket-mb", "25"])
+            .args(["--warmup", "0", "--iterations", "1", "--compress", wire, "--check", "--json"]);
+        let output = run_ok(job, &format!("bench allreduce --compress {wire} --check"));
+        let lines: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect();
+        let timed = lines.iter().find(|l| l.get("median_seconds").is_some()).expect("a timing line");
+        assert_eq!(timed["wire"], wire);
+        assert_eq!(timed["wire_bytes"].as_u64().unwrap() * 2, timed["gradient_bytes"].as_u64().unwrap());
+        let check = lines.iter().find(|l| l.get("max_ulps").is_some()).expect("a check line");
+        let values = check["values"].as_f64().unwrap();
+        let exact = check["exact"].as_f64().unwrap() / values;
+        let within_one = check["within_one_ulp"].as_f64().unwrap() / values;
+        let (max_ulps, of_shares) =
+            (check["max_ulps"].as_f64().unwrap(), check["max_ulps_of_shares"].as_f64().unwrap());
+        println!(
+            "{wire}: {:.3}% exact, {:.4}% within 1 ulp, max {max_ulps} ulp of the mean, {of_shares} ulp of the largest share",
+            100.0 * exact,
+            100.0 * within_one
+        );
+        // Each share is rounded once (half an ulp at the largest share, u) and their sum once
+        // (half an ulp of a sum up to twice as large: u); the reference's own rounding adds at
+        // most u/2. So 2.5 u bounds the error whatever the signs. (Measured: 2 u.)
+        assert!(of_shares <= 2.5, "{wire}: {of_shares} ulp of the largest share");
+        // Where shares of opposite signs cancel, the mean is far smaller than the shares and
+        // their rounding is many of its ulps; elsewhere the result is the rounded mean or one
+        // ulp from it. (Measured: bf16 62.5% exact, 92.5% within one ulp; fp16 66.9%, 95.3%.)
+        assert!(within_one > 0.9, "{wire}: only {:.2}% within one ulp", 100.0 * within_one);
+        assert!(exact > 0.6, "{wire}: only {:.2}% exact", 100.0 * exact);
+    }
+}
+
+/// Fashion-MNIST on 2 ranks learns as well with bf16 gradients on the wire as with fp32 ones:
+/// the same validation top-1 within 0.02 (the standard error of a top-1 near 0.8 over these
+/// 1,000 images is 0.013). Measured: 0.814 fp32, 0.825 bf16 (and 0.827, 0.813 at batch 16 per
+/// rank).
+#[test]
+fn fashion_mnist_learns_as_well_with_bf16_gradients_on_the_wire() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::fashion_mnist_subset(dir.path());
+    let mut top1 = Vec::new();
+    for wire in ["none", "bf16"] {
+        let mut job = mpirun(dir.path());
+        job.args(["-np", "2", rtrain_bin(), "train", "--run-dir", wire, "--config"])
+            .arg(common::repo().join("configs/fashion-mnist.toml"))
+            .args(["--set", &format!("data.root={:?}", data.display().to_string())])
+            .args(["--set", "train.threads=1", "--set", "data.workers=0"])
+            .args(["--set", "train.precision=\"fp32\"", "--set", &format!("dist.compress=\"{wire}\"")]);
+        let output = run_ok(job, &format!("Fashion-MNIST, 2 ranks, dist.compress = {wire}"));
+        let log = String::from_utf8_lossy(&output.stderr);
+        let on_the_wire = if wire == "none" { "fp32 on the wire" } else { "bf16 on the wire" };
+        assert!(log.contains(on_the_wire), "{log}");
+        let summary = summary(&dir.path().join(wire));
+        let accuracy = summary["final_eval"]["top1"].as_f64().unwrap();
+        println!("Fashion-MNIST subset, 2 ranks, gradients as {wire}: top-1 {accuracy:.4}");
+        top1.push(accuracy);
+    }
+    assert!(top1[0] >= 0.75, "fp32 top-1 {}", top1[0]);
+    assert!((top1[0] - top1[1]).abs() <= 0.02, "top-1 fp32 {} vs bf16 on the wire {}", top1[0], top1[1]);
+}

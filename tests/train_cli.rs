@@ -53,20 +53,7 @@ fn epoch_losses(run_dir: &Path) -> Vec<f64> {
 #[test]
 fn fashion_mnist_subset_learns_in_fp32_and_bf16_alike() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("fmnist");
-    for (images, labels, split, limit) in [
-        ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "train", "3000"),
-        ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", "val", "1000"),
-    ] {
-        common::rtrain(dir.path())
-            .args(["data", "import-idx"])
-            .arg(common::fashion_mnist(images))
-            .arg(common::fashion_mnist(labels))
-            .arg(&data)
-            .args(["--split", split, "--limit", limit])
-            .assert()
-            .success();
-    }
+    let data = common::fashion_mnist_subset(dir.path());
     let mut results = Vec::new();
     for (precision, channels_last) in [("fp32", "false"), ("bf16", "true")] {
         let run = dir.path().join(precision);

@@ -14,7 +14,7 @@ use tch::Device;
 use crate::bench::{self, StepBench};
 use crate::cluster::launcher;
 use crate::cluster::{job, AllreduceAlgorithm};
-use crate::config::LoadedConfig;
+use crate::config::{GradCompression, LoadedConfig};
 use crate::data::ingest::{extract, fetch, idx, synth};
 use crate::data::shards;
 use crate::doctor;
@@ -390,6 +390,14 @@ pub enum BenchCommand {
         /// Time blocking calls instead of the communication thread's polled non-blocking ones.
         #[arg(long)]
         blocking: bool,
+        /// Gradients on the wire as `dist.compress` sends them (cast, summed in that format,
+        /// widened back).
+        #[arg(long, value_enum, default_value_t = GradCompression::None)]
+        compress: GradCompression,
+        /// After timing, check the compressed mean against the exact mean rounded to the wire
+        /// format (with --compress).
+        #[arg(long)]
+        check: bool,
         #[arg(long)]
         json: bool,
     },
@@ -631,6 +639,8 @@ fn cmd_bench(command: BenchCommand) -> Result<()> {
             link_gbit,
             algorithm,
             blocking,
+            compress,
+            check,
             json,
         } => {
             let suite = bench::AllreduceSuite {
@@ -638,6 +648,8 @@ fn cmd_bench(command: BenchCommand) -> Result<()> {
                 bucket_mbs: bucket_mb,
                 algorithm,
                 blocking,
+                compress,
+                check,
                 warmup,
                 iterations,
             };
@@ -650,6 +662,11 @@ fn cmd_bench(command: BenchCommand) -> Result<()> {
                 bench::AllreduceEvent::Measured(result) => {
                     if printed.is_ok() {
                         printed = print::allreduce(&result, link_gbit, json);
+                    }
+                }
+                bench::AllreduceEvent::Checked(checked) => {
+                    if printed.is_ok() {
+                        printed = print::wire_check(&checked, json);
                     }
                 }
             })?;

@@ -7,7 +7,7 @@ use tch::Device;
 
 use crate::bench::{
     AgreeResult, AllreduceBenchResult, LoaderBench, LoaderBenchResult, PeakBenchResult, StepBench,
-    StepBenchResult,
+    StepBenchResult, WireCheck,
 };
 use crate::cluster::Topology;
 use crate::data::shards::ShardManifest;
@@ -91,9 +91,20 @@ pub fn allreduce(result: &AllreduceBenchResult, link_gbit: Option<f64>, json: bo
         println!("{}", serde_json::to_string(result)?);
         return Ok(());
     }
-    let share = link_gbit.map(|link| format!(" ({:.0}% of {link} Gbit/s)", 100.0 * result.busbw_gbit / link));
+    // The link's share is what the wire carried; the fp32 figures are what training gained.
+    let share =
+        link_gbit.map(|link| format!(" ({:.0}% of {link} Gbit/s)", 100.0 * result.wire_busbw_gbit / link));
+    let wire = match result.wire.as_str() {
+        "fp32" => String::new(),
+        wire => format!(
+            ", as {wire}: {:.1} MB, algbw {:.2} Gbit/s, busbw {:.2} Gbit/s on the wire",
+            result.wire_bytes as f64 / 1e6,
+            result.wire_algbw_gbit,
+            result.wire_busbw_gbit
+        ),
+    };
     println!(
-        "{:<9} {:>6.1} MB in {:>3} buckets of {:>5} MiB: {:>8.1} ms, algbw {:>6.2} Gbit/s, busbw {:>6.2} Gbit/s{}",
+        "{:<9} {:>6.1} MB in {:>3} buckets of {:>5} MiB: {:>8.1} ms, algbw {:>6.2} Gbit/s, busbw {:>6.2} Gbit/s{wire}{}",
         result.arch,
         result.gradient_bytes as f64 / 1e6,
         result.buckets,
@@ -103,6 +114,24 @@ pub fn allreduce(result: &AllreduceBenchResult, link_gbit: Option<f64>, json: bo
         result.busbw_gbit,
         share.unwrap_or_default()
     );
+    Ok(())
+}
+
+pub fn wire_check(check: &WireCheck, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(check)?);
+    } else {
+        println!(
+            "{} check over {} values: {} ({:.2}%) equal to the exact mean rounded to {}, largest error {:.2} ulp of the mean, {:.2} ulp of the largest share",
+            check.wire,
+            check.values,
+            check.exact,
+            100.0 * check.exact as f64 / check.values.max(1) as f64,
+            check.wire,
+            check.max_ulps,
+            check.max_ulps_of_shares
+        );
+    }
     Ok(())
 }
 

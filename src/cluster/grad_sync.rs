@@ -23,7 +23,8 @@ use std::thread::JoinHandle;
 use tch::{Kind, Tensor};
 
 use super::nccl::Nccl;
-use super::{all_reduce_mean_in_background, Communicator};
+use super::wire::Wire;
+use super::{all_reduce_mean_compressed_in_background, all_reduce_mean_in_background, Communicator};
 use crate::util::shim::{check, ffi, ShimError};
 
 /// PyTorch DDP's `bucket_cap_mb` for the first bucket: small, so communication starts as soon
@@ -102,6 +103,8 @@ pub struct SyncOptions {
     pub overlap: bool,
     /// How often the communication thread tests a pending all-reduce (zero: blocking calls).
     pub poll: std::time::Duration,
+    /// The gradients' format on the wire (None: fp32).
+    pub wire: Option<Wire>,
 }
 
 impl Plan {
@@ -169,7 +172,7 @@ impl GradSync {
         options: SyncOptions,
         reducer: Reducer,
     ) -> Result<GradSync, GradSyncError> {
-        let SyncOptions { bucket_mb, overlap, poll } = options;
+        let SyncOptions { bucket_mb, overlap, poll, wire } = options;
         for (name, param) in &params {
             if param.kind() != Kind::Float {
                 return Err(GradSyncError::Kind { name: name.clone(), kind: param.kind() });
@@ -181,7 +184,7 @@ impl GradSync {
         let worker_comm = comm.clone();
         let worker = std::thread::Builder::new()
             .name("rtrain-allreduce".to_string())
-            .spawn(move || communicate(worker_comm.as_ref(), &reducer, job_queue, done_sender, poll))
+            .spawn(move || communicate(worker_comm.as_ref(), &reducer, job_queue, done_sender, (poll, wire)))
             .map_err(|_| GradSyncError::ThreadGone)?;
         let plan = Plan {
             bucket_of: vec![0; params.len()],
@@ -352,20 +355,25 @@ extern "C" fn grad_ready(context: *mut c_void, index: usize) {
     }
 }
 
-/// The communication thread: one all-reduce per bucket, in arrival order. An NCCL failure
-/// ends the whole job: the other ranks would otherwise wait for this one forever.
+/// The communication thread: one all-reduce per bucket, in arrival order, with the gradients
+/// on the wire as `wire` says. An NCCL failure ends the whole job: the other ranks would
+/// otherwise wait for this one forever.
 fn communicate(
     comm: &dyn Communicator,
     reducer: &Reducer,
     jobs: Receiver<Job>,
     done: Sender<usize>,
-    poll: std::time::Duration,
+    (poll, wire): (std::time::Duration, Option<Wire>),
 ) {
+    let mut scratch = Vec::new();
     for mut job in jobs {
-        match reducer {
-            Reducer::Mpi => all_reduce_mean_in_background(comm, &mut job.flat, poll),
-            Reducer::Nccl(nccl) => {
-                if let Err(err) = nccl.all_reduce_mean(&mut job.flat) {
+        match (reducer, wire) {
+            (Reducer::Mpi, None) => all_reduce_mean_in_background(comm, &mut job.flat, poll),
+            (Reducer::Mpi, Some(wire)) => {
+                all_reduce_mean_compressed_in_background(comm, &mut job.flat, wire, &mut scratch, poll);
+            }
+            (Reducer::Nccl(nccl), wire) => {
+                if let Err(err) = nccl.all_reduce_mean(&mut job.flat, wire) {
                     tracing::error!("gradient all-reduce of bucket {}: {err}", job.bucket);
                     comm.abort(1);
                 }
@@ -412,7 +420,7 @@ mod tests {
     use tch::Device;
 
     fn options(bucket_mb: f64, overlap: bool) -> SyncOptions {
-        SyncOptions { bucket_mb, overlap, poll: std::time::Duration::from_micros(200) }
+        SyncOptions { bucket_mb, overlap, poll: std::time::Duration::from_micros(200), wire: None }
     }
 
     #[test]

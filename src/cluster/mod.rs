@@ -14,6 +14,7 @@ pub mod launcher;
 mod mpi;
 pub mod nccl;
 pub mod runtime;
+pub mod wire;
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use tch::{Device, Kind, Tensor};
 
 pub use crate::config::AllreduceAlgorithm;
 use launcher::{LaunchError, LaunchInfo};
+use wire::Wire;
 
 /// Where this process sits in the job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -88,6 +90,9 @@ pub trait Communicator: Send + Sync {
         let _ = poll;
         self.all_reduce_sum_f32(data);
     }
+    /// Sums 16-bit floats of the `wire` format (as their bits) over all ranks in place, each
+    /// addition rounded to that format; polled as [`Self::all_reduce_sum_f32_background`].
+    fn all_reduce_sum_wire_background(&self, data: &mut [u16], wire: Wire, poll: std::time::Duration);
     /// Copies `root`'s bytes into every rank's `data` (all ranks pass the same length).
     fn broadcast_bytes(&self, data: &mut [u8], root: usize);
     fn barrier(&self);
@@ -115,6 +120,7 @@ impl Communicator for SingleProcess {
     }
     fn all_reduce_sum_f32(&self, _data: &mut [f32]) {}
     fn all_reduce_sum_f64(&self, _data: &mut [f64]) {}
+    fn all_reduce_sum_wire_background(&self, _data: &mut [u16], _wire: Wire, _poll: std::time::Duration) {}
     fn broadcast_bytes(&self, _data: &mut [u8], _root: usize) {}
     fn barrier(&self) {}
     fn abort(&self, code: i32) -> ! {
@@ -275,6 +281,38 @@ pub fn all_reduce_mean_in_background(
         comm.all_reduce_sum_f32_background(values, poll);
         values.iter_mut().for_each(|v| *v *= scale);
     });
+}
+
+/// [`all_reduce_mean_in_background`] with the gradients on the wire in `wire`'s 16-bit format
+/// (`dist.compress`): each rank's share (divided by the world size) is rounded to it, the
+/// shares are summed in it, and the mean is widened back into `tensor`. `scratch` holds the
+/// wire values (kept between calls).
+pub fn all_reduce_mean_compressed_in_background(
+    comm: &dyn Communicator,
+    tensor: &mut Tensor,
+    wire: Wire,
+    scratch: &mut Vec<u16>,
+    poll: std::time::Duration,
+) {
+    with_host_bytes(tensor, |bytes| {
+        all_reduce_mean_compressed(comm, bytemuck_f32(bytes), wire, scratch, poll)
+    });
+}
+
+/// The mean of `values` over all ranks, in place, with the values on the wire in `wire`'s
+/// 16-bit format (see [`all_reduce_mean_compressed_in_background`]); a zero `poll` makes
+/// blocking calls.
+pub fn all_reduce_mean_compressed(
+    comm: &dyn Communicator,
+    values: &mut [f32],
+    wire: Wire,
+    scratch: &mut Vec<u16>,
+    poll: std::time::Duration,
+) {
+    let scale = 1.0 / comm.topology().world_size as f32;
+    wire.encode_scaled(values, scale, scratch);
+    comm.all_reduce_sum_wire_background(scratch, wire, poll);
+    wire.decode_into(scratch, values);
 }
 
 /// Makes `tensor` equal to `root`'s on every rank (any element type).

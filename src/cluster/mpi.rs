@@ -12,6 +12,7 @@ use mpi::topology::{Color, Communicator as _};
 use mpi::traits::*;
 use mpi::Threading;
 
+use super::wire::Wire;
 use super::{hostname, AllreduceAlgorithm, Communicator, DistError, Topology};
 use crate::cluster::launcher::LaunchInfo;
 
@@ -25,6 +26,9 @@ extern "C" {
 pub struct MpiCommunicator {
     topology: Topology,
     world: ffi::MPI_Comm,
+    /// MPI reduction operations summing bf16 and fp16 values (compressed gradients).
+    sum_bf16: ffi::MPI_Op,
+    sum_fp16: ffi::MPI_Op,
     /// Finalises MPI when dropped, after every other use.
     _universe: mpi::environment::Universe,
 }
@@ -78,7 +82,8 @@ impl MpiCommunicator {
             tracing::info!("all-reduce algorithm: {chosen}");
             abort_job_on_panic(rank);
         }
-        Ok(MpiCommunicator { topology, world: world.as_raw(), _universe: universe })
+        let (sum_bf16, sum_fp16) = (create_op(sum_bf16), create_op(sum_fp16));
+        Ok(MpiCommunicator { topology, world: world.as_raw(), sum_bf16, sum_fp16, _universe: universe })
     }
 }
 
@@ -106,34 +111,35 @@ impl Communicator for MpiCommunicator {
         if poll.is_zero() {
             return self.all_reduce_sum_f32(data);
         }
-        for chunk in data.chunks_mut(c_int::MAX as usize) {
-            // SAFETY: MPI_Request is a plain handle; REQUEST_NULL is its empty value.
-            let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-            // SAFETY: an in-place sum of `chunk.len()` floats in memory we borrow mutably until
-            // the request completes below (we do not return before it does).
-            unsafe {
-                ffi::MPI_Iallreduce(
-                    rtrain_mpi_in_place(),
-                    chunk.as_mut_ptr().cast(),
-                    chunk.len() as c_int,
-                    ffi::RSMPI_FLOAT,
-                    ffi::RSMPI_SUM,
-                    self.world,
-                    &mut request,
-                );
-            }
-            let mut done: c_int = 0;
-            loop {
-                // SAFETY: tests the request started above; status is ignored.
+        // SAFETY: RSMPI_FLOAT and RSMPI_SUM are MPI_FLOAT and MPI_SUM, a sum of f32.
+        self.all_reduce_polled(data, unsafe { (ffi::RSMPI_FLOAT, ffi::RSMPI_SUM) }, poll);
+    }
+
+    fn all_reduce_sum_wire_background(&self, data: &mut [u16], wire: Wire, poll: std::time::Duration) {
+        let op = match wire {
+            Wire::Bf16 => self.sum_bf16,
+            Wire::Fp16 => self.sum_fp16,
+        };
+        // SAFETY: RSMPI_UINT16_T is MPI_UINT16_T, the type of u16; `op` sums them as `wire`.
+        let datatype = unsafe { ffi::RSMPI_UINT16_T };
+        if poll.is_zero() {
+            for chunk in data.chunks_mut(c_int::MAX as usize) {
+                // SAFETY: an in-place reduction of `chunk.len()` u16 in memory we borrow
+                // mutably, with an operation created for that type.
                 unsafe {
-                    ffi::MPI_Test(&mut request, &mut done, ffi::RSMPI_STATUS_IGNORE);
+                    ffi::MPI_Allreduce(
+                        rtrain_mpi_in_place(),
+                        chunk.as_mut_ptr().cast(),
+                        chunk.len() as c_int,
+                        datatype,
+                        op,
+                        self.world,
+                    );
                 }
-                if done != 0 {
-                    break;
-                }
-                std::thread::sleep(poll);
             }
+            return;
         }
+        self.all_reduce_polled(data, (datatype, op), poll);
     }
 
     fn broadcast_bytes(&self, data: &mut [u8], root: usize) {
@@ -174,6 +180,48 @@ impl Communicator for MpiCommunicator {
 }
 
 impl MpiCommunicator {
+    /// A non-blocking in-place reduction (`datatype` must be the MPI type of `T`), tested every
+    /// `poll` with sleeps in between: a blocking MPI call spins a core until the data arrives,
+    /// and on a node whose cores are all training that spinning slows backward by as much as
+    /// the overlap gains. (Open MPI has no asynchronous progress, so the tests are what moves
+    /// the data; the interval must be short enough that socket buffers do not fill between two
+    /// tests.)
+    fn all_reduce_polled<T>(
+        &self,
+        data: &mut [T],
+        (datatype, op): (ffi::MPI_Datatype, ffi::MPI_Op),
+        poll: std::time::Duration,
+    ) {
+        for chunk in data.chunks_mut(c_int::MAX as usize) {
+            // SAFETY: MPI_Request is a plain handle; REQUEST_NULL is its empty value.
+            let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+            // SAFETY: an in-place reduction of `chunk.len()` elements in memory we borrow
+            // mutably until the request completes below (we do not return before it does).
+            unsafe {
+                ffi::MPI_Iallreduce(
+                    rtrain_mpi_in_place(),
+                    chunk.as_mut_ptr().cast(),
+                    chunk.len() as c_int,
+                    datatype,
+                    op,
+                    self.world,
+                    &mut request,
+                );
+            }
+            let mut done: c_int = 0;
+            loop {
+                // SAFETY: tests the request started above; status is ignored.
+                unsafe {
+                    ffi::MPI_Test(&mut request, &mut done, ffi::RSMPI_STATUS_IGNORE);
+                }
+                if done != 0 {
+                    break;
+                }
+                std::thread::sleep(poll);
+            }
+        }
+    }
+
     /// In-place sum over the world, in chunks that MPI's `int` count can express. `datatype`
     /// must be the MPI type of `T`.
     fn all_reduce_sum<T>(&self, data: &mut [T], datatype: ffi::MPI_Datatype) {
@@ -193,6 +241,50 @@ impl MpiCommunicator {
             }
         }
     }
+}
+
+/// An MPI reduction operation (commutative) from a user function.
+fn create_op(
+    function: unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_int, *mut ffi::MPI_Datatype),
+) -> ffi::MPI_Op {
+    let mut op = std::mem::MaybeUninit::<ffi::MPI_Op>::uninit();
+    // SAFETY: MPI is initialised; the function has MPI_User_function's signature; MPI writes
+    // the handle (its default error handler aborts the job on failure, so it is always set).
+    unsafe {
+        ffi::MPI_Op_create(Some(function), 1, op.as_mut_ptr());
+        op.assume_init()
+    }
+}
+
+/// The reduction of compressed gradients: `inout[i] = in[i] + inout[i]` in `wire`'s format.
+///
+/// # Safety
+/// MPI passes `len` values of MPI_UINT16_T at both pointers.
+unsafe fn sum_wire(wire: Wire, input: *mut c_void, inout: *mut c_void, len: *mut c_int) {
+    let len = usize::try_from(*len).unwrap_or(0);
+    let from = std::slice::from_raw_parts(input.cast::<u16>(), len);
+    let into = std::slice::from_raw_parts_mut(inout.cast::<u16>(), len);
+    wire.add_into(from, into);
+}
+
+unsafe extern "C" fn sum_bf16(
+    input: *mut c_void,
+    inout: *mut c_void,
+    len: *mut c_int,
+    _: *mut ffi::MPI_Datatype,
+) {
+    // SAFETY: as `sum_wire` requires; registered only for MPI_UINT16_T buffers.
+    unsafe { sum_wire(Wire::Bf16, input, inout, len) }
+}
+
+unsafe extern "C" fn sum_fp16(
+    input: *mut c_void,
+    inout: *mut c_void,
+    len: *mut c_int,
+    _: *mut ffi::MPI_Datatype,
+) {
+    // SAFETY: as `sum_wire` requires; registered only for MPI_UINT16_T buffers.
+    unsafe { sum_wire(Wire::Fp16, input, inout, len) }
 }
 
 /// Open MPI's algorithm numbers: `coll_tuned_allreduce_algorithm` (blocking) and

@@ -16,6 +16,7 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use libloading::Library;
 use tch::{Device, Kind, Tensor};
 
+use super::wire::Wire;
 use super::Communicator;
 
 /// Where NCCL is looked for unless `RTRAIN_NCCL` names a file.
@@ -32,7 +33,10 @@ struct UniqueId {
 
 type NcclComm = *mut c_void;
 // `ncclDataType_t` and `ncclRedOp_t` values from nccl.h.
+const NCCL_FLOAT16: c_int = 6;
 const NCCL_FLOAT32: c_int = 7;
+const NCCL_BFLOAT16: c_int = 9;
+const NCCL_SUM: c_int = 0;
 const NCCL_AVG: c_int = 4;
 /// `ncclAvg` exists from NCCL 2.10 (version code 21000).
 const FIRST_VERSION_WITH_AVG: c_int = 21000;
@@ -168,6 +172,7 @@ pub struct Nccl {
     library: NcclLibrary,
     comm: NcclComm,
     rank: usize,
+    world_size: usize,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread as long as calls on it do not run
@@ -237,7 +242,7 @@ impl Nccl {
         let rank = c_int::try_from(topology.rank).unwrap_or(c_int::MAX);
         // SAFETY: `nccl_comm` is writable; the id is the one every rank received.
         call("ncclCommInitRank", unsafe { (library.comm_init_rank)(&mut nccl_comm, world, id, rank) })?;
-        Ok(Nccl { library, comm: nccl_comm, rank: topology.rank })
+        Ok(Nccl { library, comm: nccl_comm, rank: topology.rank, world_size: topology.world_size })
     }
 
     /// What is used, for the log and the manifest: "NCCL 2.27.3 (libnccl.so.2)".
@@ -245,22 +250,47 @@ impl Nccl {
         format!("NCCL {} ({})", self.library.version_string(), self.library.path)
     }
 
-    /// Averages a float32 CUDA tensor over all ranks, in place. The all-reduce is enqueued on
-    /// the default stream and this returns at once (see the module documentation).
-    pub fn all_reduce_mean(&self, tensor: &mut Tensor) -> Result<(), NcclError> {
+    /// Averages a float32 CUDA tensor over all ranks, in place, on the wire as fp32 or, with
+    /// `wire`, as bf16/fp16 (cast on the device before and widened after, as DDP's compression
+    /// hooks do). The all-reduce is enqueued on the default stream and this returns at once (see
+    /// the module documentation).
+    pub fn all_reduce_mean(&self, tensor: &mut Tensor, wire: Option<Wire>) -> Result<(), NcclError> {
         if tensor.kind() != Kind::Float || !tensor.device().is_cuda() || !tensor.is_contiguous() {
             return Err(NcclError::Tensor { rank: self.rank, kind: tensor.kind(), device: tensor.device() });
         }
+        let Some(wire) = wire else { return self.all_reduce_avg(tensor, NCCL_FLOAT32) };
+        let (kind, datatype) = match wire {
+            Wire::Bf16 => (Kind::BFloat16, NCCL_BFLOAT16),
+            Wire::Fp16 => (Kind::Half, NCCL_FLOAT16),
+        };
+        // Divided by the world size first, so that fp16's sum cannot overflow.
+        let scale = 1.0 / self.world_size as f64;
+        let mut narrow = (&*tensor * scale).to_kind(kind);
+        self.all_reduce_sum(&mut narrow, datatype)?;
+        tensor.copy_(&narrow);
+        Ok(())
+    }
+
+    /// ncclAvg of `tensor` (of NCCL type `datatype`) in place.
+    fn all_reduce_avg(&self, tensor: &mut Tensor, datatype: c_int) -> Result<(), NcclError> {
+        self.all_reduce(tensor, datatype, NCCL_AVG)
+    }
+
+    fn all_reduce_sum(&self, tensor: &mut Tensor, datatype: c_int) -> Result<(), NcclError> {
+        self.all_reduce(tensor, datatype, NCCL_SUM)
+    }
+
+    fn all_reduce(&self, tensor: &mut Tensor, datatype: c_int, op: c_int) -> Result<(), NcclError> {
         let pointer = tensor.data_ptr();
-        // SAFETY: `tensor` is a contiguous float32 CUDA tensor of `numel` elements that we hold
-        // for the call; NCCL reads and writes it on the stream, after earlier kernels.
+        // SAFETY: `tensor` is a contiguous CUDA tensor of `numel` elements of `datatype` that we
+        // hold for the call; NCCL reads and writes it on the stream, after earlier kernels.
         let code = unsafe {
             (self.library.all_reduce)(
                 pointer,
                 pointer,
                 tensor.numel(),
-                NCCL_FLOAT32,
-                NCCL_AVG,
+                datatype,
+                op,
                 self.comm,
                 std::ptr::null_mut(),
             )

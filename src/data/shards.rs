@@ -704,6 +704,31 @@ mod tests {
     }
 
     #[test]
+    fn a_shard_set_of_0_1_0_is_still_read_and_a_run_manifest_is_no_shard_set() {
+        let dir = tempfile::tempdir().unwrap();
+        make_tree(&dir.path().join("src"), 4);
+        let out = dir.path().join("shards");
+        let manifest = prepare(&dir.path().join("src"), &out, &small_shards()).unwrap();
+        assert!(out.join("shards.json").is_file() && !out.join("manifest.json").exists());
+        // 0.1.0 wrote the same file as manifest.json.
+        fs::rename(out.join("shards.json"), out.join("manifest.json")).unwrap();
+        assert!(is_shard_dir(&out));
+        assert_eq!(ShardManifest::read(&out).unwrap(), manifest);
+        let samples = crate::data::open_split(&out, "train").unwrap().len();
+        assert_eq!(samples, manifest.splits["train"].samples);
+        // Staging it writes the current name and withdraws the old one.
+        let local = dir.path().join("local");
+        stage(&out, &local).unwrap();
+        assert!(local.join("shards.json").is_file() && !local.join("manifest.json").exists());
+        // A run directory's manifest.json is not a shard manifest.
+        let run = dir.path().join("run");
+        fs::create_dir_all(&run).unwrap();
+        fs::write(run.join("manifest.json"), br#"{"rtrain_version": "0.1.0", "config_hash": "x"}"#).unwrap();
+        assert!(!is_shard_dir(&run));
+        assert!(ShardManifest::read(&run).is_err());
+    }
+
+    #[test]
     fn staging_copies_what_is_missing_or_wrong_and_refuses_a_damaged_source() {
         let dir = tempfile::tempdir().unwrap();
         make_tree(&dir.path().join("src"), 8);

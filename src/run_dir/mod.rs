@@ -371,3 +371,68 @@ pub fn default_run_dir(config: &Config) -> PathBuf {
     };
     config.run.dir.join(name)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Arch;
+    use checkpoint::EpochTotals;
+
+    fn meta(global_step: u64) -> CheckpointMeta {
+        CheckpointMeta {
+            arch: Arch::Resnet18,
+            num_classes: 2,
+            classes: vec!["a".into(), "b".into()],
+            epoch: 0,
+            step_in_epoch: global_step,
+            global_step,
+            seed: 0,
+            config_hash: "abc".into(),
+            val_top1: None,
+            best_val_top1: None,
+            epoch_totals: EpochTotals::default(),
+            rtrain_version: "0.1.0".into(),
+        }
+    }
+
+    #[test]
+    fn step_checkpoints_sort_by_step_and_the_newest_valid_one_is_chosen() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = RunPaths::new(dir.path());
+        assert_eq!(paths.step_checkpoints().unwrap(), [], "no checkpoints directory yet");
+        let t = || vec![("w".to_string(), Tensor::from_slice(&[1.0f32; 16]))];
+        for step in [15, 5, 100] {
+            checkpoint::save(&paths.step_checkpoint(step), &meta(step), t(), vec![]).unwrap();
+        }
+        std::fs::write(paths.checkpoints().join("notes.txt"), b"not a checkpoint").unwrap();
+        std::fs::write(paths.best_checkpoint(), b"best is not a step checkpoint").unwrap();
+        let steps: Vec<u64> = paths.step_checkpoints().unwrap().into_iter().map(|(s, _)| s).collect();
+        assert_eq!(steps, [5, 15, 100], "by step, not by name");
+        assert!(paths.step_checkpoint(100).ends_with("checkpoints/step-000000100.safetensors"));
+        // A truncated newest checkpoint is skipped for the next older one.
+        let newest = paths.step_checkpoint(100);
+        let bytes = std::fs::read(&newest).unwrap();
+        std::fs::write(&newest, &bytes[..bytes.len() - 8]).unwrap();
+        assert_eq!(paths.latest_valid_checkpoint().unwrap(), paths.step_checkpoint(15));
+        let empty = RunPaths::new(dir.path().join("empty"));
+        assert!(matches!(empty.latest_valid_checkpoint(), Err(CheckpointError::NoneFound { .. })));
+    }
+
+    #[test]
+    fn only_the_writing_rank_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config::default();
+        let mut other = RunDir::create(RunPaths::new(dir.path().join("other")), &config, false).unwrap();
+        other.log_step(StepRecord::default()).unwrap();
+        let saved = other.save_checkpoint(&meta(1), vec![], vec![], |_| Vec::new()).unwrap();
+        assert_eq!(saved, None);
+        assert!(!dir.path().join("other").exists(), "a non-writing rank creates nothing");
+        let mut root = RunDir::create(RunPaths::new(dir.path().join("root")), &config, true).unwrap();
+        root.log_step(StepRecord { global_step: 1, ..StepRecord::default() }).unwrap();
+        let saved = root.save_checkpoint(&meta(1), vec![], vec![], |_| Vec::new()).unwrap();
+        assert_eq!(saved, Some(root.paths().step_checkpoint(1)));
+        assert!(root.paths().config().is_file());
+        let records = records::read_metrics(&root.paths().metrics()).unwrap();
+        assert!(matches!(records.as_slice(), [MetricsRecord::Step(StepRecord { global_step: 1, .. })]));
+    }
+}

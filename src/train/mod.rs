@@ -25,6 +25,7 @@ use tch::{Device, Kind};
 
 use crate::cluster::grad_sync::{GradSync, GradSyncError, Reducer, SyncOptions};
 use crate::cluster::nccl::Nccl;
+use crate::cluster::wire::Wire;
 use crate::cluster::{self, Communicator, DistError};
 use crate::data::dataset::{DataError, Dataset};
 use crate::data::shards::ShardError;
@@ -268,12 +269,18 @@ fn join_gradient_sync(
             }
         },
     };
-    tracing::info!("gradient all-reduce: {}", reducer.describe(comm.as_ref(), device.is_cuda()));
     let dist = &plan.config.dist;
+    let wire = Wire::of(dist.compress);
+    let on_the_wire = wire.map_or("fp32".to_string(), |wire| format!("{wire:?}").to_lowercase());
+    tracing::info!(
+        "gradient all-reduce: {}, {on_the_wire} on the wire",
+        reducer.describe(comm.as_ref(), device.is_cuda())
+    );
     let options = SyncOptions {
         bucket_mb: dist.bucket_mb,
         overlap: dist.overlap,
         poll: std::time::Duration::from_micros(dist.poll_us),
+        wire,
     };
     Ok(GradientSync::AllReduce(GradSync::new(comm.clone(), model.trainable(), options, reducer)?))
 }

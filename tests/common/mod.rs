@@ -52,6 +52,26 @@ pub fn fashion_mnist(file: &str) -> PathBuf {
     path
 }
 
+/// The Fashion-MNIST subset the learning tests train on, imported to `dir/fmnist`: the first
+/// 3,000 training and 1,000 test images.
+pub fn fashion_mnist_subset(dir: &Path) -> PathBuf {
+    let data = dir.join("fmnist");
+    for (images, labels, split, limit) in [
+        ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "train", "3000"),
+        ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", "val", "1000"),
+    ] {
+        rtrain(dir)
+            .args(["data", "import-idx"])
+            .arg(fashion_mnist(images))
+            .arg(fashion_mnist(labels))
+            .arg(&data)
+            .args(["--split", split, "--limit", limit])
+            .assert()
+            .success();
+    }
+    data
+}
+
 /// A small synthetic damage set under `dir/data` (4 classes), made by `rtrain data synth`.
 pub fn synth(dir: &Path, train_per_class: usize, val_per_class: usize, image_size: u32) -> PathBuf {
     let data = dir.join("data");
