@@ -93,13 +93,13 @@ impl Communicator for MpiCommunicator {
     }
 
     fn all_reduce_sum_f32(&self, data: &mut [f32]) {
-        // SAFETY: RSMPI_FLOAT is MPI_FLOAT, the type of f32.
-        self.all_reduce_sum(data, unsafe { ffi::RSMPI_FLOAT });
+        // SAFETY: RSMPI_FLOAT and RSMPI_SUM are MPI_FLOAT and MPI_SUM, a sum of f32.
+        self.all_reduce(data, unsafe { (ffi::RSMPI_FLOAT, ffi::RSMPI_SUM) });
     }
 
     fn all_reduce_sum_f64(&self, data: &mut [f64]) {
-        // SAFETY: RSMPI_DOUBLE is MPI_DOUBLE, the type of f64.
-        self.all_reduce_sum(data, unsafe { ffi::RSMPI_DOUBLE });
+        // SAFETY: RSMPI_DOUBLE and RSMPI_SUM are MPI_DOUBLE and MPI_SUM, a sum of f64.
+        self.all_reduce(data, unsafe { (ffi::RSMPI_DOUBLE, ffi::RSMPI_SUM) });
     }
 
     /// A non-blocking all-reduce, tested every `poll` with sleeps in between: a blocking MPI
@@ -122,24 +122,10 @@ impl Communicator for MpiCommunicator {
         };
         // SAFETY: RSMPI_UINT16_T is MPI_UINT16_T, the type of u16; `op` sums them as `wire`.
         let datatype = unsafe { ffi::RSMPI_UINT16_T };
-        if poll.is_zero() {
-            for chunk in data.chunks_mut(c_int::MAX as usize) {
-                // SAFETY: an in-place reduction of `chunk.len()` u16 in memory we borrow
-                // mutably, with an operation created for that type.
-                unsafe {
-                    ffi::MPI_Allreduce(
-                        rtrain_mpi_in_place(),
-                        chunk.as_mut_ptr().cast(),
-                        chunk.len() as c_int,
-                        datatype,
-                        op,
-                        self.world,
-                    );
-                }
-            }
-            return;
+        match poll.is_zero() {
+            true => self.all_reduce(data, (datatype, op)),
+            false => self.all_reduce_polled(data, (datatype, op), poll),
         }
-        self.all_reduce_polled(data, (datatype, op), poll);
     }
 
     fn broadcast_bytes(&self, data: &mut [u8], root: usize) {
@@ -222,11 +208,11 @@ impl MpiCommunicator {
         }
     }
 
-    /// In-place sum over the world, in chunks that MPI's `int` count can express. `datatype`
-    /// must be the MPI type of `T`.
-    fn all_reduce_sum<T>(&self, data: &mut [T], datatype: ffi::MPI_Datatype) {
+    /// In-place blocking reduction over the world, in chunks that MPI's `int` count can
+    /// express. `datatype` must be the MPI type of `T`, and `op` defined on it.
+    fn all_reduce<T>(&self, data: &mut [T], (datatype, op): (ffi::MPI_Datatype, ffi::MPI_Op)) {
         for chunk in data.chunks_mut(c_int::MAX as usize) {
-            // SAFETY: an in-place sum of `chunk.len()` elements of `datatype` in memory we
+            // SAFETY: an in-place reduction of `chunk.len()` elements of `datatype` in memory we
             // borrow mutably; MPI's default error handler aborts the job on failure, so there
             // is no status to check.
             unsafe {
@@ -235,7 +221,7 @@ impl MpiCommunicator {
                     chunk.as_mut_ptr().cast(),
                     chunk.len() as c_int,
                     datatype,
-                    ffi::RSMPI_SUM,
+                    op,
                     self.world,
                 );
             }

@@ -258,7 +258,7 @@ impl Nccl {
         if tensor.kind() != Kind::Float || !tensor.device().is_cuda() || !tensor.is_contiguous() {
             return Err(NcclError::Tensor { rank: self.rank, kind: tensor.kind(), device: tensor.device() });
         }
-        let Some(wire) = wire else { return self.all_reduce_avg(tensor, NCCL_FLOAT32) };
+        let Some(wire) = wire else { return self.all_reduce(tensor, NCCL_FLOAT32, NCCL_AVG) };
         let (kind, datatype) = match wire {
             Wire::Bf16 => (Kind::BFloat16, NCCL_BFLOAT16),
             Wire::Fp16 => (Kind::Half, NCCL_FLOAT16),
@@ -266,20 +266,12 @@ impl Nccl {
         // Divided by the world size first, so that fp16's sum cannot overflow.
         let scale = 1.0 / self.world_size as f64;
         let mut narrow = (&*tensor * scale).to_kind(kind);
-        self.all_reduce_sum(&mut narrow, datatype)?;
+        self.all_reduce(&mut narrow, datatype, NCCL_SUM)?;
         tensor.copy_(&narrow);
         Ok(())
     }
 
-    /// ncclAvg of `tensor` (of NCCL type `datatype`) in place.
-    fn all_reduce_avg(&self, tensor: &mut Tensor, datatype: c_int) -> Result<(), NcclError> {
-        self.all_reduce(tensor, datatype, NCCL_AVG)
-    }
-
-    fn all_reduce_sum(&self, tensor: &mut Tensor, datatype: c_int) -> Result<(), NcclError> {
-        self.all_reduce(tensor, datatype, NCCL_SUM)
-    }
-
+    /// `op` over all ranks of `tensor` (of NCCL type `datatype`), in place.
     fn all_reduce(&self, tensor: &mut Tensor, datatype: c_int, op: c_int) -> Result<(), NcclError> {
         let pointer = tensor.data_ptr();
         // SAFETY: `tensor` is a contiguous CUDA tensor of `numel` elements of `datatype` that we

@@ -28,15 +28,13 @@ pub fn train_epoch(
     dataset: &Arc<dyn Dataset>,
     comm: &dyn Communicator,
     out: &mut RunDir,
-    (start_batch, resumed_totals, resumed): (usize, EpochTotals, bool),
+    (start_batch, mut totals): (usize, EpochTotals),
     epoch: u32,
 ) -> Result<EpochTotals, TrainError> {
     let plan = trainer.plan;
     let config = &plan.config;
     let topology = &plan.topology;
     let steps_per_epoch = trainer.steps_per_epoch;
-    // Checkpointed sums are global: rank 0 carries them, the others start from zero.
-    let mut totals = if resumed && topology.is_root() { resumed_totals } else { EpochTotals::default() };
     let permutation = sampler::epoch_permutation(dataset.len(), config.run.seed, u64::from(epoch));
     let order = sampler::rank_shard(&permutation, topology.rank, topology.world_size, config.dist.uneven);
     let loader = Loader::new(

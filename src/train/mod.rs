@@ -107,7 +107,7 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     trainer.sync = join_gradient_sync(plan, &model, comm)?;
     log_start(plan, &data, steps_per_epoch, out.paths());
     for epoch in position.epoch..plan.last_epoch {
-        let resumed = position.within(epoch);
+        let resumed = position.within(epoch, plan.topology.is_root());
         let totals =
             epoch::train_epoch(&mut trainer, &model, &data.train, comm.as_ref(), &mut out, resumed, epoch)?;
         let totals = reduce_totals(comm.as_ref(), &totals);
@@ -119,7 +119,9 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     check_replicas_agree(comm.as_ref(), &model)?;
     let summary = trainer.summary(&data, started, resume_from);
     let summary = out.finish(&model.torchvision_state_dict(trainer.steps()), summary)?;
-    log_done(&summary);
+    if out.writes() {
+        log_done(&summary);
+    }
     Ok(summary)
 }
 
@@ -392,9 +394,6 @@ fn log_start(plan: &RunPlan, data: &Splits, steps_per_epoch: u64, paths: &RunPat
 }
 
 fn log_done(summary: &Summary) {
-    if summary.weights_sha256.is_empty() {
-        return; // not rank 0: nothing was written
-    }
     tracing::info!(
         "done in {:.1}s: val top-1 {:.4}, weights {} (sha256 {})",
         summary.wall_seconds,

@@ -29,13 +29,14 @@ pub struct Position {
 }
 
 impl Position {
-    /// Where epoch `epoch` starts: after the resumed steps in the epoch training resumed in,
-    /// else at its beginning. The checkpointed sums are global: rank 0 carries them, the others
-    /// start from zero.
-    pub fn within(&self, epoch: u32) -> (usize, EpochTotals, bool) {
-        match epoch == self.epoch {
-            true => (self.step_in_epoch, self.totals, true),
-            false => (0, EpochTotals::default(), false),
+    /// Where epoch `epoch` starts on this rank, and the sums it starts from: after the resumed
+    /// steps in the epoch training resumed in, else at its beginning. The checkpointed sums are
+    /// global: rank 0 (`carries_totals`) carries them, the others start from zero.
+    pub fn within(&self, epoch: u32, carries_totals: bool) -> (usize, EpochTotals) {
+        match (epoch == self.epoch, carries_totals) {
+            (true, true) => (self.step_in_epoch, self.totals),
+            (true, false) => (self.step_in_epoch, EpochTotals::default()),
+            (false, _) => (0, EpochTotals::default()),
         }
     }
 }
