@@ -25,7 +25,7 @@ pub const DEFAULT_DATA_ROOT: &str = "data/synth-damage";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("configuration: {0}")]
+    #[error("configuration: {}", describe_figment(.0))]
     Figment(Box<figment::Error>),
     #[error("--set {0:?}: expected section.key=value")]
     BadOverride(String),
@@ -35,6 +35,29 @@ pub enum ConfigError {
     MissingFile { path: PathBuf },
     #[error("configuration: cannot be written as TOML: {problem}")]
     Serialize { problem: String },
+    #[error("rank {rank} on {host} was started with another configuration than rank 0: {differences}; every rank must run the same rtrain with the same settings (check the launch line and the RTRAIN_* variables on each node)")]
+    RanksDiffer { rank: usize, host: String, differences: String },
+}
+
+/// figment's message without its profile in key names (rtrain has one profile, so
+/// `default.train.epochz` would only confuse): the kind, the key, and where the value came from.
+fn describe_figment(error: &figment::Error) -> String {
+    let mut lines = Vec::new();
+    for error in error.clone() {
+        let mut line = error.kind.to_string();
+        if !error.path.is_empty() {
+            let _ = write!(line, " for key \"{}\"", error.path.join("."));
+        }
+        if let Some(metadata) = &error.metadata {
+            match &metadata.source {
+                Some(source) => write!(line, " in {source} {}", metadata.name),
+                None => write!(line, " in {}", metadata.name),
+            }
+            .unwrap_or_default();
+        }
+        lines.push(line);
+    }
+    lines.join("\n")
 }
 
 impl From<figment::Error> for ConfigError {
@@ -516,6 +539,11 @@ impl Config {
         check(d.image_size >= 16, "data.image_size", "must be at least 16 pixels")?;
         check(d.batch_size > 0, "data.batch_size", "must be positive")?;
         check(
+            d.batch_size > 1 || self.model.freeze_batchnorm,
+            "data.batch_size",
+            "must be at least 2 while BatchNorm trains (the statistics of one image are NaN where the feature map is 1x1, and PyTorch refuses them); set model.freeze_batchnorm = true to train with batches of 1",
+        )?;
+        check(
             d.scale[0] > 0.0 && d.scale[0] <= d.scale[1] && d.scale[1] <= 1.0,
             "data.scale",
             "must satisfy 0 < min <= max <= 1",
@@ -575,6 +603,44 @@ impl Config {
     pub fn hash(&self) -> Result<String, ConfigError> {
         Ok(hex::encode(Sha256::digest(self.to_toml()?.as_bytes())))
     }
+}
+
+/// The settings in which two resolved configurations (as [`Config::to_toml`] writes them)
+/// differ, as `key = theirs (ours)` with `ours` the first one's value.
+pub fn differences(ours: &str, theirs: &str) -> Vec<String> {
+    fn flat(text: &str) -> BTreeMap<String, String> {
+        fn walk(prefix: &str, value: &toml::Value, out: &mut BTreeMap<String, String>) {
+            match value.as_table() {
+                Some(table) => {
+                    for (key, value) in table {
+                        let key = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+                        walk(&key, value, out);
+                    }
+                }
+                None => {
+                    out.insert(prefix.to_string(), value.to_string());
+                }
+            }
+        }
+        let mut out = BTreeMap::new();
+        if let Ok(table) = text.parse::<toml::Table>() {
+            walk("", &toml::Value::Table(table), &mut out);
+        }
+        out
+    }
+    let (ours, theirs) = (flat(ours), flat(theirs));
+    let keys: std::collections::BTreeSet<&String> = ours.keys().chain(theirs.keys()).collect();
+    let unset = || "unset".to_string();
+    keys.into_iter()
+        .filter(|key| ours.get(*key) != theirs.get(*key))
+        .map(|key| {
+            let (mine, other) = (
+                ours.get(key).cloned().unwrap_or_else(unset),
+                theirs.get(key).cloned().unwrap_or_else(unset),
+            );
+            format!("{key} = {other} (rank 0: {mine})")
+        })
+        .collect()
 }
 
 /// The configured choice, `train.device`.

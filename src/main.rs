@@ -12,7 +12,7 @@ fn main() -> ExitCode {
     match cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", rtrain::util::logging::describe_error(&error));
             ExitCode::from(cli::exit_code(&error))
         }
     }

@@ -149,16 +149,18 @@ impl RunPlan {
     }
 
     /// Optimizer steps per epoch for a training split of `images` (`dir`, for the message):
-    /// this rank's full (or, without `data.drop_last`, partial) batches, capped by
-    /// `train.max_steps_per_epoch`. Equal on every rank (the sampler gives every rank a shard
+    /// this rank's batches ([`batches_per_epoch`]), capped by `train.max_steps_per_epoch`. Equal on every rank (the sampler gives every rank a shard
     /// of the same length).
     pub fn steps_per_epoch(&self, images: usize, dir: &std::path::Path) -> Result<u64, PlanError> {
         let d = &self.config.data;
         let shard_len = sampler::shard_len(images, self.topology.world_size, self.config.dist.uneven);
-        let batches = match d.drop_last {
-            true => shard_len / d.batch_size,
-            false => shard_len.div_ceil(d.batch_size),
-        } as u64;
+        if !d.drop_last && shard_len % d.batch_size == 1 {
+            tracing::info!(
+                "the last batch of each epoch would hold 1 image on each rank ({shard_len} images in batches of {}): it is dropped",
+                d.batch_size
+            );
+        }
+        let batches = batches_per_epoch(shard_len, d.batch_size, d.drop_last) as u64;
         if batches == 0 {
             return Err(PlanError::TooFewForRanks {
                 dir: dir.to_path_buf(),
@@ -226,9 +228,30 @@ pub fn loader_workers(setting: Workers, device: Device, threads: usize, cores: u
     }
 }
 
+/// Batches of `batch` in a rank's `shard_len` samples: full ones, and with `drop_last = false`
+/// the partial last one too, unless it would hold a single image: BatchNorm's statistics of one
+/// image are NaN where the feature map is 1x1 (PyTorch refuses such a batch), so it is dropped.
+fn batches_per_epoch(shard_len: usize, batch: usize, drop_last: bool) -> usize {
+    match (drop_last, shard_len % batch) {
+        (false, remainder) if remainder > 1 => shard_len.div_ceil(batch),
+        _ => shard_len / batch,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{loader_workers, Workers};
+    use super::{batches_per_epoch, loader_workers, Workers};
+
+    #[test]
+    fn a_last_batch_of_one_image_is_dropped() {
+        assert_eq!(batches_per_epoch(25, 4, false), 6, "25 = 6 x 4 + 1: the 1 is dropped");
+        assert_eq!(batches_per_epoch(26, 4, false), 7, "a last batch of 2 is kept");
+        assert_eq!(batches_per_epoch(26, 4, true), 6);
+        assert_eq!(batches_per_epoch(1, 4, false), 0, "a 1-image tree has no batch (refused at start)");
+        // 7 images on 2 ranks with dist.uneven = "drop": 3 each, in batches of 2.
+        assert_eq!(batches_per_epoch(3, 2, false), 1);
+        assert_eq!(batches_per_epoch(5, 1, false), 5, "batches of 1 (frozen BatchNorm) are all kept");
+    }
     use tch::Device;
 
     #[test]

@@ -91,6 +91,7 @@ pub fn predict_files(
 ) -> Result<Vec<Prediction>, PredictError> {
     let plan = RunPlan::for_inference(config);
     let (model, meta) = checkpoint::load_model(checkpoint)?;
+    meta.warn_if_size_differs(checkpoint, config.data.image_size);
     plan.compute.prepare_model(&model)?;
     let classifier = Classifier {
         model: &model,

@@ -92,14 +92,53 @@ fn docker_with_two_gpus_starts_two_local_ranks_for_train_only() {
     assert_eq!(lines(&scene.run(&[], &["doctor"])), vec!["rtrain", "[doctor]"]);
 }
 
+/// The entrypoint and rtrain decide "launched or not" alike, from the same variables: each case
+/// of the table through the real entrypoint (two GPUs visible, so that "not launched" starts
+/// mpirun) and through rtrain's own detection.
 #[test]
-fn under_a_launcher_each_rank_runs_rtrain_itself() {
+fn entrypoint_and_rtrain_agree_on_being_launched() {
     let scene = Scene::new(&[".singularity.d/", "dev/nvidia0", "dev/nvidia1"]);
-    for launcher in ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "PMIX_RANK"] {
-        let output = scene.run(&[(launcher, "2")], &["train"]);
-        assert_eq!(lines(&output), vec!["rtrain", "[train]"], "{launcher}");
-        assert!(stderr(&output).contains(&format!("runtime apptainer, 2 GPU(s), launcher: {launcher}")));
+    let cases: &[(&[(&str, &str)], bool)] = &[
+        (&[], false),
+        (&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2")], true),
+        (&[("OMPI_COMM_WORLD_SIZE", "2")], false),
+        (&[("PMI_RANK", "0"), ("PMI_SIZE", "2")], true),
+        (&[("PMI_SIZE", "2")], false),
+        (&[("MV2_COMM_WORLD_RANK", "0"), ("MV2_COMM_WORLD_SIZE", "2")], true),
+        (&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")], true),
+        (&[("SLURM_NTASKS", "2")], false),
+        (&[("SLURM_PROCID", "0")], false),
+        (&[("PMIX_RANK", "0")], true),
+        (&[("PMIX_RANK", "")], false),
+        (&[("RANK", "1"), ("WORLD_SIZE", "2")], true),
+        (&[("WORLD_SIZE", "2")], false),
+    ];
+    for &(env, launched) in cases {
+        let output = scene.run(env, &["train"]);
+        let by_entrypoint = lines(&output) == ["rtrain", "[train]"];
+        let map: std::collections::HashMap<&str, &str> = env.iter().copied().collect();
+        let by_rtrain =
+            rtrain::cluster::launcher::detect(|name| map.get(name).map(|v| v.to_string())).unwrap().is_some();
+        assert_eq!((by_entrypoint, by_rtrain), (launched, launched), "{env:?}: {}", stderr(&output));
     }
+}
+
+/// The entrypoint's list of launcher variables is rtrain's, pair for pair.
+#[test]
+fn entrypoint_lists_rtrains_launch_variables() {
+    let text = std::fs::read_to_string(common::repo().join("entrypoint")).unwrap();
+    let line = text.lines().find(|l| l.starts_with("for pair in ")).expect("the entrypoint's launcher list");
+    let listed: Vec<String> = line
+        .trim_start_matches("for pair in ")
+        .trim_end_matches("; do")
+        .split(' ')
+        .map(String::from)
+        .collect();
+    let rtrain: Vec<String> = rtrain::cluster::launcher::launch_variables()
+        .into_iter()
+        .map(|(rank, size)| size.map_or(rank.to_string(), |size| format!("{rank}/{size}")))
+        .collect();
+    assert_eq!(listed, rtrain);
 }
 
 #[test]

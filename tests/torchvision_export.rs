@@ -31,6 +31,7 @@ fn exported_logits_match(arch: Arch, num_classes: usize) {
         step_in_epoch: 0,
         global_step: 3,
         seed: 0,
+        image_size: Some(64),
         config_hash: String::new(),
         val_top1: None,
         best_val_top1: None,

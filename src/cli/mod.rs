@@ -430,7 +430,8 @@ fn parse_arch(name: &str) -> Result<Arch, String> {
 
 pub fn run(cli: Cli) -> Result<()> {
     // The launcher's rank (MPI's own view, checked later, must agree) labels every log line.
-    let rank = launcher::detect_from_process().ok().flatten().filter(|l| l.world_size > 1).map(|l| l.rank);
+    let rank =
+        launcher::detect_from_process().ok().flatten().filter(|l| l.world_size != Some(1)).map(|l| l.rank);
     logging::init(cli.log_format, cli.log_level.as_deref(), rank, cli.log_all_ranks);
     let _rank_span = rank.map(|rank| tracing::info_span!("rank", rank).entered());
     match cli.command {
@@ -509,7 +510,7 @@ fn cmd_predict(args: PredictArgs) -> Result<()> {
 
 fn cmd_export(args: ExportArgs) -> Result<()> {
     let (model, meta) = checkpoint::load_model(&args.checkpoint)?;
-    model.write_torchvision(&args.out, meta.global_step)?;
+    model.write_torchvision(&args.out, meta.global_step, Some(meta.to_metadata()))?;
     println!(
         "{}: torchvision {} state dict, num_classes={} ({})",
         args.out.display(),

@@ -1,6 +1,7 @@
-//! This process's part of a job: joining it (MPI, or alone), ending the whole job when this
-//! rank fails, and the set-up every rank takes part in before training — the built-in default
-//! data generated once per node, and shard sets staged to node-local disk.
+//! This process's part of a job: joining it (MPI, or alone), checking that every rank runs the
+//! same configuration, ending the whole job when this rank fails, and the set-up every rank
+//! takes part in before training — the built-in default data generated once per node, and
+//! shard sets staged to node-local disk.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,6 +12,34 @@ use super::{Communicator, Topology};
 use crate::config::{Config, ConfigError, DEFAULT_DATA_ROOT};
 use crate::data::ingest::synth;
 use crate::data::shards;
+
+/// Refuses a job whose ranks resolved different configurations or run different rtrain
+/// versions (an MPMD launch, an RTRAIN_* variable set on one node only), naming the first rank
+/// that differs from rank 0 and the settings. A collective: one small gather when they agree.
+pub fn agree_on_config(comm: &dyn Communicator, config: &Config) -> Result<(), ConfigError> {
+    let topology = comm.topology();
+    if topology.world_size == 1 {
+        return Ok(());
+    }
+    let version = env!("CARGO_PKG_VERSION");
+    let fingerprints = super::gather_strings(comm, &format!("{version} {}", config.hash()?));
+    let Some(rank) = fingerprints.iter().position(|f| *f != fingerprints[0]) else { return Ok(()) };
+    // Every rank gathered the same table, so every rank is here: learn rank 0's and that rank's
+    // settings to say what differs.
+    let toml = config.to_toml()?;
+    let (root, theirs) =
+        (super::broadcast_string(comm, &toml, 0), super::broadcast_string(comm, &toml, rank));
+    let hosts = super::gather_strings(comm, &topology.host);
+    let mut differences = crate::config::differences(&root, &theirs);
+    let versions = |f: &str| f.split(' ').next().unwrap_or_default().to_string();
+    if versions(&fingerprints[rank]) != versions(&fingerprints[0]) {
+        differences.insert(
+            0,
+            format!("rtrain {} (rank 0: {})", versions(&fingerprints[rank]), versions(&fingerprints[0])),
+        );
+    }
+    Err(ConfigError::RanksDiffer { rank, host: hosts[rank].clone(), differences: differences.join(", ") })
+}
 
 /// The exit status for a failed command: 2 for usage and configuration errors, 1 otherwise.
 pub fn exit_code(error: &anyhow::Error) -> u8 {
@@ -35,11 +64,15 @@ pub fn run_in_job(
     if topology.world_size > 1 {
         tracing::info!("data-parallel job: {topology}");
     }
-    let result = loaded.and_then(|config| body(&config, comm.clone()));
+    let result = loaded.and_then(|config| {
+        agree_on_config(comm.as_ref(), &config)?;
+        body(&config, comm.clone())
+    });
     if let (Err(error), true) = (&result, topology.world_size > 1) {
         // Returning would leave the other ranks blocked in their next collective (and MPI's
         // finalisation): end the whole job, naming this rank.
-        tracing::error!("rank {} on {} failed: {error:#}; aborting the job", topology.rank, topology.host);
+        let described = crate::util::logging::describe_error(error);
+        tracing::error!("rank {} on {} failed: {described}; aborting the job", topology.rank, topology.host);
         comm.abort(i32::from(exit_code(error)));
     }
     result

@@ -4,6 +4,9 @@
 //! When MPI is initialised its communicator is the truth; these variables decide whether to
 //! initialise it at all, and let a process that was launched as one of many, but cannot join
 //! them (no MPI in this build), fail with a clear error instead of training alone.
+//!
+//! The container's `entrypoint` decides "launched or not" from the same list
+//! ([`launch_variables`]; tests/entrypoint.rs holds the two to each other).
 
 /// A launcher's claims about this process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -11,7 +14,8 @@ pub struct LaunchInfo {
     /// Which launcher's variables these are, e.g. "OpenMPI (mpirun)".
     pub launcher: &'static str,
     pub rank: usize,
-    pub world_size: usize,
+    /// None where the launcher names no size (PMIx alone): MPI tells it once initialised.
+    pub world_size: Option<usize>,
     pub local_rank: Option<usize>,
     pub local_world_size: Option<usize>,
 }
@@ -28,57 +32,74 @@ pub struct LaunchError {
 struct LauncherVars {
     name: &'static str,
     rank: &'static str,
-    size: &'static str,
+    size: Option<&'static str>,
     local_rank: Option<&'static str>,
     local_size: Option<&'static str>,
 }
 
 /// Tried in this order: MPI implementations before Slurm (an `srun`-started MPI rank has both,
-/// and they agree), and torchrun's generic names last.
+/// and they agree), PMIx's rank alone after them (any PMIx launcher: prterun, `srun
+/// --mpi=pmix`, ...), and torchrun's generic names last.
 const LAUNCHERS: &[LauncherVars] = &[
     LauncherVars {
         name: "OpenMPI (mpirun)",
         rank: "OMPI_COMM_WORLD_RANK",
-        size: "OMPI_COMM_WORLD_SIZE",
+        size: Some("OMPI_COMM_WORLD_SIZE"),
         local_rank: Some("OMPI_COMM_WORLD_LOCAL_RANK"),
         local_size: Some("OMPI_COMM_WORLD_LOCAL_SIZE"),
     },
     LauncherVars {
         name: "MPICH / Intel MPI (mpiexec)",
         rank: "PMI_RANK",
-        size: "PMI_SIZE",
+        size: Some("PMI_SIZE"),
         local_rank: Some("MPI_LOCALRANKID"),
         local_size: Some("MPI_LOCALNRANKS"),
     },
     LauncherVars {
         name: "MVAPICH2",
         rank: "MV2_COMM_WORLD_RANK",
-        size: "MV2_COMM_WORLD_SIZE",
+        size: Some("MV2_COMM_WORLD_SIZE"),
         local_rank: Some("MV2_COMM_WORLD_LOCAL_RANK"),
         local_size: None,
     },
     LauncherVars {
         name: "Slurm (srun)",
         rank: "SLURM_PROCID",
-        size: "SLURM_NTASKS",
+        size: Some("SLURM_NTASKS"),
         local_rank: Some("SLURM_LOCALID"),
         local_size: None,
     },
+    LauncherVars { name: "PMIx", rank: "PMIX_RANK", size: None, local_rank: None, local_size: None },
     LauncherVars {
         name: "torchrun",
         rank: "RANK",
-        size: "WORLD_SIZE",
+        size: Some("WORLD_SIZE"),
         local_rank: Some("LOCAL_RANK"),
         local_size: Some("LOCAL_WORLD_SIZE"),
     },
 ];
 
-/// Reads the first launcher whose rank and size variables are both set; `None` when nothing
-/// launched this process as part of a group.
+/// Each launcher's rank variable and, where it has one, its size variable: a process is
+/// launched when both of one pair are set (the rank alone, for a launcher without a size).
+pub fn launch_variables() -> Vec<(&'static str, Option<&'static str>)> {
+    LAUNCHERS.iter().map(|vars| (vars.rank, vars.size)).collect()
+}
+
+/// Reads the first launcher whose rank and size variables are both set (its rank variable, for
+/// one without a size variable); `None` when nothing launched this process as part of a group.
 pub fn detect(env: impl Fn(&str) -> Option<String>) -> Result<Option<LaunchInfo>, LaunchError> {
     for vars in LAUNCHERS {
         let launcher = vars.name;
-        let (Some(rank_value), Some(size_value)) = (env(vars.rank), env(vars.size)) else { continue };
+        // An empty variable is an unset one (as the entrypoint's `[ -n ]` reads it).
+        let env = |name: &str| env(name).filter(|value| !value.is_empty());
+        let Some(rank_value) = env(vars.rank) else { continue };
+        let size_value = match vars.size {
+            Some(size) => match env(size) {
+                Some(value) => Some((size, value)),
+                None => continue,
+            },
+            None => None,
+        };
         let parse = |variable: &'static str, value: String| {
             value.trim().parse::<usize>().map_err(|_| LaunchError { variable, value, launcher })
         };
@@ -91,7 +112,7 @@ pub fn detect(env: impl Fn(&str) -> Option<String>) -> Result<Option<LaunchInfo>
         return Ok(Some(LaunchInfo {
             launcher,
             rank: parse(vars.rank, rank_value)?,
-            world_size: parse(vars.size, size_value)?,
+            world_size: size_value.map(|(variable, value)| parse(variable, value)).transpose()?,
             local_rank: optional(vars.local_rank)?,
             local_world_size: optional(vars.local_size)?,
         }));
@@ -136,7 +157,7 @@ mod tests {
         assert_eq!(info.launcher, "OpenMPI (mpirun)");
         assert_eq!(
             (info.rank, info.world_size, info.local_rank, info.local_world_size),
-            (3, 4, Some(1), Some(2))
+            (3, Some(4), Some(1), Some(2))
         );
     }
 
@@ -147,8 +168,10 @@ mod tests {
             .unwrap();
         assert_eq!(
             (slurm.launcher, slurm.rank, slurm.world_size, slurm.local_rank),
-            ("Slurm (srun)", 5, 8, Some(1))
+            ("Slurm (srun)", 5, Some(8), Some(1))
         );
+        let pmix = detect(env(&[("PMIX_RANK", "3")])).unwrap().unwrap();
+        assert_eq!((pmix.launcher, pmix.rank, pmix.world_size), ("PMIx", 3, None), "MPI will tell the size");
         let torchrun = detect(env(&[("RANK", "1"), ("WORLD_SIZE", "2")])).unwrap().unwrap();
         assert_eq!((torchrun.launcher, torchrun.rank, torchrun.local_rank), ("torchrun", 1, None));
     }

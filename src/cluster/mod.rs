@@ -133,10 +133,11 @@ pub enum DistError {
     #[error(transparent)]
     Launch(#[from] LaunchError),
     #[error(
-        "launched by {launcher} as rank {rank} of {world_size}, but this rtrain was built without MPI \
-         (cargo feature `mpi`): rebuild with it, or start a single process"
+        "launched by {launcher} as rank {rank} of {}, but this rtrain was built without MPI \
+         (cargo feature `mpi`): rebuild with it, or start a single process",
+        .world_size.map_or("a group".to_string(), |n| n.to_string())
     )]
-    NoMpi { launcher: &'static str, rank: usize, world_size: usize },
+    NoMpi { launcher: &'static str, rank: usize, world_size: Option<usize> },
     #[error(
         "launched by {launcher} as rank {rank} of {claimed} processes, but MPI sees a world of {found}: \
          rtrain's MPI library is not the launcher's (use the mpirun that matches the container's Open MPI, \
@@ -176,7 +177,7 @@ fn init_launched(
     info: LaunchInfo,
     _algorithm: AllreduceAlgorithm,
 ) -> Result<Arc<dyn Communicator>, DistError> {
-    if info.world_size > 1 {
+    if info.world_size != Some(1) {
         return Err(DistError::NoMpi {
             launcher: info.launcher,
             rank: info.rank,

@@ -42,16 +42,16 @@ unsafe impl Sync for MpiCommunicator {}
 
 impl MpiCommunicator {
     pub fn init(claim: &LaunchInfo, algorithm: AllreduceAlgorithm) -> Result<MpiCommunicator, DistError> {
-        let chosen = select_open_mpi_allreduce(algorithm, claim.world_size);
+        let chosen = select_open_mpi_allreduce(algorithm, claim.world_size.unwrap_or(0));
         let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
             .ok_or(DistError::Init { launcher: claim.launcher })?;
         let world = universe.world();
         let (rank, world_size) = (to_usize(world.rank()), to_usize(world.size()));
-        if world_size != claim.world_size {
+        if let Some(claimed) = claim.world_size.filter(|&claimed| claimed != world_size) {
             return Err(DistError::WorldMismatch {
                 launcher: claim.launcher,
                 rank: claim.rank,
-                claimed: claim.world_size,
+                claimed,
                 found: world_size,
             });
         }

@@ -116,4 +116,10 @@ pub trait Dataset: Send + Sync {
     fn describe(&self, index: usize) -> String;
     /// The files the split is read from (images or shards), in a fixed order, for hashing.
     fn files(&self) -> Vec<PathBuf>;
+    /// The sha256 that `file` (one of [`Self::files`]) was recorded with when the split was
+    /// made (a shard's, in its manifest), for the run to compare with what it reads now.
+    fn recorded_sha256(&self, file: &Path) -> Option<&str> {
+        let _ = file;
+        None
+    }
 }

@@ -483,6 +483,8 @@ pub struct ShardSet {
     root: PathBuf,
     classes: Vec<String>,
     shards: Vec<(PathBuf, Mmap)>,
+    /// Each shard's sha256 as the manifest records it, in the order of `shards`.
+    recorded_sha256: Vec<String>,
     samples: Vec<SampleRef>,
 }
 
@@ -580,7 +582,8 @@ impl ShardSet {
             });
         }
         samples.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(ShardSet { root: root.to_path_buf(), classes: manifest.classes, shards, samples })
+        let recorded_sha256 = info.shards.iter().map(|shard| shard.sha256.clone()).collect();
+        Ok(ShardSet { root: root.to_path_buf(), classes: manifest.classes, shards, recorded_sha256, samples })
     }
 }
 
@@ -619,6 +622,11 @@ impl Dataset for ShardSet {
 
     fn files(&self) -> Vec<PathBuf> {
         self.shards.iter().map(|(path, _)| path.clone()).collect()
+    }
+
+    fn recorded_sha256(&self, file: &Path) -> Option<&str> {
+        let index = self.shards.iter().position(|(path, _)| path == file)?;
+        self.recorded_sha256.get(index).map(String::as_str)
     }
 }
 

@@ -9,7 +9,7 @@ pub mod flops;
 pub mod precision;
 pub mod resnet;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -249,9 +249,15 @@ impl Model {
         })
     }
 
-    /// Writes [`Self::torchvision_state_dict`] to a `.safetensors` file, atomically.
-    pub fn write_torchvision(&self, path: &Path, steps: u64) -> Result<(), TensorIoError> {
-        tensor_io::write_safetensors(path, &self.torchvision_state_dict(steps), None)
+    /// Writes [`Self::torchvision_state_dict`] to a `.safetensors` file, atomically, with
+    /// `metadata` in its header.
+    pub fn write_torchvision(
+        &self,
+        path: &Path,
+        steps: u64,
+        metadata: Option<HashMap<String, String>>,
+    ) -> Result<(), TensorIoError> {
+        tensor_io::write_safetensors(path, &self.torchvision_state_dict(steps), metadata)
     }
 }
 
@@ -304,7 +310,7 @@ mod tests {
         let path = dir.path().join("source.safetensors");
         tch::manual_seed(3);
         let source = Model::new(Arch::Resnet18, 1000, Device::Cpu).unwrap();
-        source.write_torchvision(&path, 5).unwrap();
+        source.write_torchvision(&path, 5, None).unwrap();
         tch::manual_seed(4);
         let target = Model::new(Arch::Resnet18, 4, Device::Cpu).unwrap();
         let report = target.load_pretrained(&path).unwrap();
@@ -320,7 +326,7 @@ mod tests {
     fn pretrained_of_other_arch_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r34.safetensors");
-        Model::new(Arch::Resnet34, 4, Device::Cpu).unwrap().write_torchvision(&path, 0).unwrap();
+        Model::new(Arch::Resnet34, 4, Device::Cpu).unwrap().write_torchvision(&path, 0, None).unwrap();
         let target = Model::new(Arch::Resnet18, 4, Device::Cpu).unwrap();
         let err = target.load_pretrained(&path).err().unwrap().to_string();
         assert!(err.contains("r34.safetensors") && err.contains("resnet18"), "{err}");

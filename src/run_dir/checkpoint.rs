@@ -2,6 +2,11 @@
 //! the optimizer state (`optim.<state>.<param>`) and, in the header's metadata, where training
 //! stood (epoch, step), the seed, the class names and the configuration's hash.
 //!
+//! The final weights (`model.safetensors`) are a torchvision state dict whose header carries
+//! [`WeightsMeta`] (architecture, classes, image size), so `eval`, `predict` and `export` take
+//! either file. Every load checks the tensors' digest (`tensor_io`) and refuses non-finite
+//! values, naming the file; a file rtrain cannot use gets an error naming one it can.
+//!
 //! Written atomically (see `tensor_io`). Where checkpoints live and what they are called is
 //! the run directory's ([`crate::run_dir::RunPaths`]); when to take and delete them is the
 //! checkpoint policy's (`train::policy`). Randomness needs no saved generator state: the sampler and the
@@ -18,14 +23,19 @@ use crate::model::{Arch, Model, ModelError};
 use crate::util::tensor_io::{self, TensorIoError};
 
 const METADATA_KEY: &str = "rtrain.checkpoint";
+const WEIGHTS_METADATA_KEY: &str = "rtrain.weights";
 const OPTIM_PREFIX: &str = "optim.";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     #[error(transparent)]
     File(#[from] TensorIoError),
-    #[error("{path}: not an rtrain checkpoint (no {METADATA_KEY} metadata)")]
-    NotACheckpoint { path: PathBuf },
+    #[error("{}: not an rtrain checkpoint or weights file (no {METADATA_KEY} or {WEIGHTS_METADATA_KEY} metadata: a bare state dict, e.g. torchvision's); use {instead}, or train from it with model.pretrained", path.display())]
+    NotACheckpoint { path: PathBuf, instead: String },
+    #[error("{}: final weights, not a checkpoint (no optimizer state or training position) so training cannot resume from it; resume from {instead}", path.display())]
+    NotResumable { path: PathBuf, instead: String },
+    #[error("{}: tensor {name} holds non-finite values (NaN or infinity): the run diverged before it was saved; use an older checkpoint", path.display())]
+    NonFinite { path: PathBuf, name: String },
     #[error("{path}: unreadable checkpoint metadata: {source}")]
     Metadata { path: PathBuf, source: serde_json::Error },
     #[error("{path}: checkpoint is for {found}, but this run is {expected}")]
@@ -50,6 +60,9 @@ pub struct CheckpointMeta {
     /// Optimizer steps taken in all (the learning-rate schedule's position).
     pub global_step: u64,
     pub seed: u64,
+    /// `data.image_size` of the run.
+    #[serde(default)]
+    pub image_size: Option<u32>,
     pub config_hash: String,
     /// Validation top-1 of the last completed evaluation, if any, and the best so far.
     pub val_top1: Option<f64>,
@@ -79,6 +92,50 @@ impl CheckpointMeta {
     }
 }
 
+/// What the final weights file says of its model, beside its torchvision tensors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WeightsMeta {
+    pub arch: Arch,
+    pub num_classes: usize,
+    pub classes: Vec<String>,
+    /// The square crop the model was trained on (`data.image_size`); unknown for checkpoints
+    /// of rtrain before 0.2.
+    #[serde(default)]
+    pub image_size: Option<u32>,
+    pub global_step: u64,
+    pub rtrain_version: String,
+}
+
+impl WeightsMeta {
+    /// What a checkpoint says of its model.
+    pub fn of_checkpoint(meta: &CheckpointMeta) -> WeightsMeta {
+        WeightsMeta {
+            arch: meta.arch,
+            num_classes: meta.num_classes,
+            classes: meta.classes.clone(),
+            image_size: meta.image_size,
+            global_step: meta.global_step,
+            rtrain_version: meta.rtrain_version.clone(),
+        }
+    }
+
+    /// Warns when the model is used at another size than it was trained at.
+    pub fn warn_if_size_differs(&self, path: &Path, configured: u32) {
+        if let Some(trained) = self.image_size.filter(|&trained| trained != configured) {
+            tracing::warn!(
+                "{}: trained on {trained} px images, used here at {configured} px (set data.image_size = {trained})",
+                path.display()
+            );
+        }
+    }
+
+    /// The header metadata of a weights file.
+    pub fn to_metadata(&self) -> HashMap<String, String> {
+        let json = serde_json::to_string(self).unwrap_or_default();
+        HashMap::from([(WEIGHTS_METADATA_KEY.to_string(), json)])
+    }
+}
+
 pub struct Checkpoint {
     pub meta: CheckpointMeta,
     pub model: BTreeMap<String, Tensor>,
@@ -104,17 +161,64 @@ pub fn read_meta(path: &Path) -> Result<CheckpointMeta, CheckpointError> {
 }
 
 fn parse_meta(path: &Path, metadata: &HashMap<String, String>) -> Result<CheckpointMeta, CheckpointError> {
-    let json = metadata
-        .get(METADATA_KEY)
-        .ok_or_else(|| CheckpointError::NotACheckpoint { path: path.to_path_buf() })?;
+    let Some(json) = metadata.get(METADATA_KEY) else {
+        let instead = newest_step_checkpoint_near(path)
+            .map_or_else(|| "a checkpoint of its run (checkpoints/step-*.safetensors)".to_string(), display);
+        return Err(match metadata.contains_key(WEIGHTS_METADATA_KEY) {
+            true => CheckpointError::NotResumable { path: path.to_path_buf(), instead },
+            false => CheckpointError::NotACheckpoint { path: path.to_path_buf(), instead },
+        });
+    };
     serde_json::from_str(json)
         .map_err(|source| CheckpointError::Metadata { path: path.to_path_buf(), source })
 }
 
-/// Reads a checkpoint in full, refusing one made for another architecture or class count.
+fn display(path: PathBuf) -> String {
+    path.display().to_string()
+}
+
+/// The run directory a file of it sits in: its own directory, or the parent of `checkpoints/`.
+fn run_dir_of(path: &Path) -> Option<&Path> {
+    let dir = path.parent()?;
+    match dir.file_name() == Some(std::ffi::OsStr::new("checkpoints")) {
+        true => dir.parent(),
+        false => Some(dir),
+    }
+}
+
+/// The newest step checkpoint of the run directory `path` belongs to, if it has one.
+fn newest_step_checkpoint_near(path: &Path) -> Option<PathBuf> {
+    let run = crate::run_dir::RunPaths::new(run_dir_of(path)?);
+    run.step_checkpoints().ok()?.pop().map(|(_, file)| file)
+}
+
+/// A file beside `path` that `eval` and `predict` can use: its run's final weights, best or
+/// newest checkpoint.
+fn usable_file_near(path: &Path) -> Option<PathBuf> {
+    let run = crate::run_dir::RunPaths::new(run_dir_of(path)?);
+    [Some(run.weights()), Some(run.best_checkpoint()), newest_step_checkpoint_near(path)]
+        .into_iter()
+        .flatten()
+        .find(|file| file != path && file.is_file())
+}
+
+/// Refuses a file holding NaN or infinity in any floating-point tensor.
+fn check_finite<'a>(
+    path: &Path,
+    tensors: impl IntoIterator<Item = (&'a String, &'a Tensor)>,
+) -> Result<(), CheckpointError> {
+    match tensor_io::first_non_finite(tensors) {
+        Some(name) => Err(CheckpointError::NonFinite { path: path.to_path_buf(), name: name.clone() }),
+        None => Ok(()),
+    }
+}
+
+/// Reads a checkpoint in full, refusing one that fails its digest, holds non-finite values, or
+/// was made for another architecture or class count.
 pub fn load(path: &Path, expect: Option<(Arch, usize)>) -> Result<Checkpoint, CheckpointError> {
     let file = tensor_io::read_safetensors(path)?;
     let meta = parse_meta(path, &file.metadata)?;
+    check_finite(path, &file.tensors)?;
     if let Some((arch, num_classes)) = expect {
         if meta.arch != arch || meta.num_classes != num_classes {
             return Err(CheckpointError::Mismatch {
@@ -135,20 +239,31 @@ pub fn load(path: &Path, expect: Option<(Arch, usize)>) -> Result<Checkpoint, Ch
     Ok(Checkpoint { meta, model, optimizer })
 }
 
-/// A model on the CPU restored from a checkpoint, with where training stood (and the class
-/// names it was trained on).
-pub fn load_model(path: &Path) -> Result<(Model, CheckpointMeta), CheckpointError> {
-    let checkpoint = load(path, None)?;
-    let model = Model::new(checkpoint.meta.arch, checkpoint.meta.num_classes, tch::Device::Cpu)?;
-    model.restore(&checkpoint.model, path)?;
-    Ok((model, checkpoint.meta))
+/// A model on the CPU restored from a checkpoint or a final weights file, with what it is.
+pub fn load_model(path: &Path) -> Result<(Model, WeightsMeta), CheckpointError> {
+    let file = tensor_io::read_safetensors(path)?;
+    let info = match file.metadata.get(WEIGHTS_METADATA_KEY) {
+        Some(json) => serde_json::from_str::<WeightsMeta>(json)
+            .map_err(|source| CheckpointError::Metadata { path: path.to_path_buf(), source })?,
+        None if !file.metadata.contains_key(METADATA_KEY) => {
+            let instead = usable_file_near(path).map_or_else(
+                || "an rtrain run's model.safetensors or checkpoints/*.safetensors".to_string(),
+                display,
+            );
+            return Err(CheckpointError::NotACheckpoint { path: path.to_path_buf(), instead });
+        }
+        None => WeightsMeta::of_checkpoint(&parse_meta(path, &file.metadata)?),
+    };
+    check_finite(path, &file.tensors)?;
+    let model = Model::new(info.arch, info.num_classes, tch::Device::Cpu)?;
+    model.restore(&file.tensors, path)?;
+    Ok((model, info))
 }
 
-/// Reads a checkpoint whole (every tensor and the metadata) and drops it: the check that a
-/// file is usable before training resumes from it.
+/// Reads a checkpoint whole and drops it: the check that a file is usable before training
+/// resumes from it (its digest, its metadata, finite values).
 pub fn read_whole(path: &Path) -> Result<(), CheckpointError> {
-    let file = tensor_io::read_safetensors(path)?;
-    parse_meta(path, &file.metadata).map(drop)
+    load(path, None).map(drop)
 }
 
 #[cfg(test)]
@@ -164,6 +279,7 @@ mod tests {
             step_in_epoch: 3,
             global_step: 13,
             seed: 7,
+            image_size: Some(32),
             config_hash: "abc".into(),
             val_top1: Some(0.5),
             best_val_top1: Some(0.6),

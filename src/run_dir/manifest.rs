@@ -32,6 +32,8 @@ pub enum ManifestError {
     File(#[from] TensorIoError),
     #[error("{path}: {problem}")]
     Parse { path: PathBuf, problem: String },
+    #[error("{}: sha256 {found}, but it was recorded as {recorded} when the data were prepared: the file changed since (run rtrain data verify; prepare or stage the data again)", file.display())]
+    DataChanged { file: PathBuf, found: String, recorded: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -136,19 +138,24 @@ pub struct DataSplit {
     pub images: usize,
     /// sha256 over every file's path (relative to `root`) and content hash, in sample order.
     pub sha256: String,
-    /// Each file's sha256, by path relative to `root`.
+    /// Each file's sha256, by path relative to `root` (as [`portable_path`] writes it).
     pub files: BTreeMap<String, String>,
 }
 
 impl DataSplit {
     /// Hashes every file of a split (about 0.5 GB/s per core: a few seconds for tens of
-    /// thousands of photos).
-    pub fn hash(split: &str, data: &dyn Dataset) -> Result<DataSplit, TensorIoError> {
+    /// thousands of photos), refusing a file whose hash differs from the one the data were
+    /// recorded with (a shard's, in `shards.json`).
+    pub fn hash(split: &str, data: &dyn Dataset) -> Result<DataSplit, ManifestError> {
         let mut files = BTreeMap::new();
         let mut all = Sha256::new();
         for path in data.files() {
-            let relative = path.strip_prefix(data.root()).unwrap_or(&path).to_string_lossy().into_owned();
+            let relative = portable_path(path.strip_prefix(data.root()).unwrap_or(&path));
             let digest = tensor_io::sha256_file(&path)?;
+            if let Some(recorded) = data.recorded_sha256(&path).filter(|&recorded| recorded != digest) {
+                let recorded = recorded.to_string();
+                return Err(ManifestError::DataChanged { file: path, found: digest, recorded });
+            }
             all.update(relative.as_bytes());
             all.update([0]);
             all.update(digest.as_bytes());
@@ -164,6 +171,52 @@ impl DataSplit {
             files,
         })
     }
+}
+
+/// A path as the manifest stores it, losslessly: its bytes where they are UTF-8 (a backslash
+/// doubled), and `\xNN` for each byte that is not, as Linux file names may hold any bytes.
+pub fn portable_path(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = String::new();
+    for chunk in path.as_os_str().as_bytes().utf8_chunks() {
+        out.push_str(&chunk.valid().replace('\\', "\\\\"));
+        for byte in chunk.invalid() {
+            out.push_str(&format!("\\x{byte:02x}"));
+        }
+    }
+    out
+}
+
+/// The path [`portable_path`] wrote (a backslash not starting an escape is kept as it is).
+pub fn native_path(portable: &str) -> PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    let bytes = portable.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped_byte = match bytes.get(i + 1) {
+            Some(b'x') => bytes
+                .get(i + 2..i + 4)
+                .and_then(|hex| std::str::from_utf8(hex).ok())
+                .and_then(|hex| u8::from_str_radix(hex, 16).ok()),
+            _ => None,
+        };
+        match (bytes[i], bytes.get(i + 1), escaped_byte) {
+            (b'\\', _, Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (b'\\', Some(b'\\'), _) => {
+                out.push(b'\\');
+                i += 2;
+            }
+            (byte, _, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -253,7 +306,7 @@ pub fn verify(run_dir: &Path) -> Result<Vec<Finding>, ManifestError> {
         let bad: Vec<Finding> = split
             .files
             .iter()
-            .map(|(file, sha256)| check(split.root.join(file), sha256, &what))
+            .map(|(file, sha256)| check(split.root.join(native_path(file)), sha256, &what))
             .filter(|finding| !matches!(finding, Finding::Ok(_)))
             .collect();
         if bad.is_empty() {
@@ -273,6 +326,20 @@ pub fn verify(run_dir: &Path) -> Result<Vec<Finding>, ManifestError> {
 mod tests {
     use super::*;
     use crate::data::folder::ImageFolder;
+
+    #[test]
+    fn paths_are_stored_losslessly() {
+        use std::os::unix::ffi::OsStrExt;
+        let names: [&[u8]; 5] =
+            [b"a/b.jpg", b"caf\xc3\xa9.jpg", b"caf\xe9.jpg", b"back\\x41slash", b"\xff\xfe"];
+        for name in names {
+            let path = Path::new(std::ffi::OsStr::from_bytes(name));
+            let portable = portable_path(path);
+            assert_eq!(native_path(&portable), path, "{portable}");
+        }
+        assert_eq!(portable_path(Path::new("caf\u{e9}/x.jpg")), "caf\u{e9}/x.jpg", "UTF-8 stays readable");
+        assert_eq!(portable_path(Path::new(std::ffi::OsStr::from_bytes(b"caf\xe9"))), "caf\\xe9");
+    }
 
     #[test]
     fn data_hash_names_files_and_changes_with_content() {

@@ -10,7 +10,12 @@
 //! RUN_DIR/model.safetensors    final weights, a torchvision state dict
 //! RUN_DIR/checkpoints/step-NNNNNNNNN.safetensors, best.safetensors
 //! RUN_DIR/report/              `rtrain report`'s output
+//! RUN_DIR/.rtrain.lock         held (flock) by the trainer writing the directory
 //! ```
+//!
+//! One trainer at a time: rank 0 holds an exclusive lock on the directory while it trains (the
+//! kernel releases it when the process dies), and nothing is written into a directory before
+//! the run's checks (a resume's compatibility among them) have passed.
 //!
 //! No method of [`RunDir`] is a collective: on ranks other than 0 every write is a no-op, so a
 //! caller may never deadlock the job through it.
@@ -26,7 +31,7 @@ use tch::Tensor;
 
 use crate::config::Config;
 use crate::util::tensor_io::{self, TensorIoError};
-use checkpoint::{CheckpointError, CheckpointMeta};
+use checkpoint::{CheckpointError, CheckpointMeta, WeightsMeta};
 use manifest::{EpochSummary, FileHash, Manifest, ManifestError};
 use records::{EpochRecord, MetricsLog, MetricsRecord, RecordError, StepRecord, Summary};
 
@@ -40,6 +45,7 @@ const BEST_CHECKPOINT_FILE: &str = "best.safetensors";
 const STEP_CHECKPOINT_PREFIX: &str = "step-";
 const CHECKPOINT_SUFFIX: &str = ".safetensors";
 const REPORT_DIR: &str = "report";
+const LOCK_FILE: &str = ".rtrain.lock";
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunDirError {
@@ -64,6 +70,8 @@ pub enum RunDirError {
     HoldsShards { dir: PathBuf },
     #[error("{} already holds a run: choose another --out", dir.display())]
     HoldsRun { dir: PathBuf },
+    #[error("run directory {} is in use by another trainer ({holder}): wait for it to finish, or choose another --run-dir", dir.display())]
+    InUse { dir: PathBuf, holder: String },
 }
 
 /// The paths of one run directory.
@@ -120,6 +128,10 @@ impl RunPaths {
         self.root.join(REPORT_DIR)
     }
 
+    fn lock(&self) -> PathBuf {
+        self.root.join(LOCK_FILE)
+    }
+
     /// A file of the run directory by its path relative to it (as the manifest records it).
     pub fn relative(&self, file: &Path) -> String {
         file.strip_prefix(&self.root).unwrap_or(file).to_string_lossy().into_owned()
@@ -167,46 +179,60 @@ impl RunPaths {
         Ok(found)
     }
 
-    /// The newest step checkpoint that reads back whole; broken ones are skipped with a
-    /// warning (a crash can only leave temporaries, but a disk can still corrupt a finished
-    /// file).
+    /// The newest step checkpoint that reads back whole, matches its digest and holds only
+    /// finite values; others are skipped with a warning (a crash can only leave temporaries,
+    /// but a disk can still corrupt a finished file).
     pub fn latest_valid_checkpoint(&self) -> Result<PathBuf, CheckpointError> {
         for (_, path) in self.step_checkpoints()?.into_iter().rev() {
             match checkpoint::read_whole(&path) {
                 Ok(()) => return Ok(path),
-                Err(error) => tracing::warn!("skipping unreadable checkpoint: {error}"),
+                Err(error) => tracing::warn!("skipping a checkpoint that fails its checks: {error}"),
             }
         }
         Err(CheckpointError::NoneFound { dir: self.checkpoints() })
     }
 }
 
-/// The run directory as training writes it. Holds rank 0's open metrics log and manifest;
-/// on every other rank it holds nothing and writes nothing.
+/// The run directory as training writes it. Holds rank 0's lock, open metrics log and
+/// manifest; on every other rank it holds nothing and writes nothing.
 pub struct RunDir {
     paths: RunPaths,
     writer: Option<Writer>,
 }
 
 struct Writer {
-    metrics: MetricsLog,
+    /// Held for as long as the run directory is.
+    _lock: std::fs::File,
+    /// Present once [`RunDir::start`] ran.
+    metrics: Option<MetricsLog>,
     /// Present once [`RunDir::start_manifest`] ran.
     manifest: Option<Manifest>,
 }
 
 impl RunDir {
-    /// Creates the directory with `checkpoints/`, the resolved `config.toml` and an open
-    /// `metrics.jsonl`, on rank 0 (`writes`); elsewhere only names it.
-    pub fn create(paths: RunPaths, config: &Config, writes: bool) -> Result<RunDir, RunDirError> {
+    /// On rank 0 (`writes`), creates the directory and takes its lock, refusing one another
+    /// trainer holds; writes nothing else yet (see [`RunDir::start`]). Elsewhere only names it.
+    pub fn open(paths: RunPaths, writes: bool) -> Result<RunDir, RunDirError> {
         if !writes {
             return Ok(RunDir { paths, writer: None });
         }
-        let checkpoints = paths.checkpoints();
+        let root = paths.root().to_path_buf();
+        std::fs::create_dir_all(&root).map_err(|source| RunDirError::Io { path: root.clone(), source })?;
+        let lock = take_lock(&paths)?;
+        Ok(RunDir { paths, writer: Some(Writer { _lock: lock, metrics: None, manifest: None }) })
+    }
+
+    /// Starts writing, once the run's checks have passed: `checkpoints/`, the resolved
+    /// `config.toml`, and `metrics.jsonl` open for appending (without the records past
+    /// `resume_point`, the (global step, epoch) training resumes at).
+    pub fn start(&mut self, config: &Config, resume_point: Option<(u64, u32)>) -> Result<(), RunDirError> {
+        let Some(writer) = &mut self.writer else { return Ok(()) };
+        let checkpoints = self.paths.checkpoints();
         std::fs::create_dir_all(&checkpoints)
             .map_err(|source| RunDirError::Io { path: checkpoints, source })?;
-        tensor_io::write_atomic(&paths.config(), config.to_toml()?.as_bytes())?;
-        let metrics = MetricsLog::open(&paths.metrics(), None)?;
-        Ok(RunDir { paths, writer: Some(Writer { metrics, manifest: None }) })
+        tensor_io::write_atomic(&self.paths.config(), config.to_toml()?.as_bytes())?;
+        writer.metrics = Some(MetricsLog::open(&self.paths.metrics(), resume_point)?);
+        Ok(())
     }
 
     pub fn paths(&self) -> &RunPaths {
@@ -234,14 +260,6 @@ impl RunDir {
         }
     }
 
-    /// Drops the metrics records past a resumed checkpoint (they will be logged again).
-    pub fn rewind_metrics(&mut self, global_step: u64, epoch: u32) -> Result<(), RunDirError> {
-        if let Some(writer) = &mut self.writer {
-            writer.metrics = MetricsLog::open(&self.paths.metrics(), Some((global_step, epoch)))?;
-        }
-        Ok(())
-    }
-
     /// Rank 0's manifest: continued from the directory's own when resuming (keeping its start
     /// time and the epochs before the resume point), else `fresh` as given; then it records
     /// the checkpoints already present and is written.
@@ -255,12 +273,22 @@ impl RunDir {
             }
             _ => {}
         }
-        for (_, file) in self.paths.step_checkpoints()? {
-            manifest.add_checkpoint(&self.paths, &file)?;
-        }
-        let best = self.paths.best_checkpoint();
-        if best.exists() {
-            manifest.add_checkpoint(&self.paths, &best)?;
+        let previous = Manifest::read(self.paths.root()).map(|m| m.checkpoints).unwrap_or_default();
+        let best = Some(self.paths.best_checkpoint()).filter(|best| best.exists());
+        let present = self.paths.step_checkpoints()?.into_iter().map(|(_, file)| file).chain(best);
+        for file in present {
+            // A file that fails its checks keeps the hash the manifest had for it (so that
+            // `rtrain verify` still finds the damage), never one taken over the damaged bytes.
+            match checkpoint::read_whole(&file) {
+                Ok(()) => manifest.add_checkpoint(&self.paths, &file)?,
+                Err(error) => {
+                    tracing::warn!("not recording a checkpoint that fails its checks: {error}");
+                    let relative = self.paths.relative(&file);
+                    if let Some(sha256) = previous.get(&relative) {
+                        manifest.checkpoints.insert(relative, sha256.clone());
+                    }
+                }
+            }
         }
         manifest.write(&self.paths)?;
         writer.manifest = Some(manifest);
@@ -268,8 +296,8 @@ impl RunDir {
     }
 
     pub fn log_step(&mut self, record: StepRecord) -> Result<(), RunDirError> {
-        if let Some(writer) = &mut self.writer {
-            writer.metrics.append(&MetricsRecord::Step(record))?;
+        if let Some(Writer { metrics: Some(metrics), .. }) = &mut self.writer {
+            metrics.append(&MetricsRecord::Step(record))?;
         }
         Ok(())
     }
@@ -290,7 +318,9 @@ impl RunDir {
                 images_per_second: record.train_images_per_second,
             });
         }
-        writer.metrics.append(&MetricsRecord::Epoch(record))?;
+        if let Some(metrics) = &mut writer.metrics {
+            metrics.append(&MetricsRecord::Epoch(record))?;
+        }
         Ok(())
     }
 
@@ -341,12 +371,18 @@ impl RunDir {
         Ok(())
     }
 
-    /// Writes the final weights (`weights` is their torchvision state dict), their hash into the
-    /// manifest and `summary.json`; returns the summary with the hash filled in.
-    pub fn finish(&mut self, weights: &[(String, Tensor)], summary: Summary) -> Result<Summary, RunDirError> {
+    /// Writes the final weights (`weights` is their torchvision state dict, `meta` what they
+    /// are), their hash into the manifest and `summary.json`; returns the summary with the hash
+    /// filled in.
+    pub fn finish(
+        &mut self,
+        weights: &[(String, Tensor)],
+        meta: &WeightsMeta,
+        summary: Summary,
+    ) -> Result<Summary, RunDirError> {
         let Some(writer) = &mut self.writer else { return Ok(summary) };
         let path = self.paths.weights();
-        tensor_io::write_safetensors(&path, weights, None)?;
+        tensor_io::write_safetensors(&path, weights, Some(meta.to_metadata()))?;
         let summary =
             Summary { weights_sha256: tensor_io::sha256_file(&path)?, weights: path.clone(), ..summary };
         if let Some(manifest) = &mut writer.manifest {
@@ -357,6 +393,49 @@ impl RunDir {
         }
         summary.write(&self.paths.summary())?;
         Ok(summary)
+    }
+}
+
+/// Takes the run directory's lock, or names the trainer that holds it (as it wrote itself into
+/// the lock file).
+fn take_lock(paths: &RunPaths) -> Result<std::fs::File, RunDirError> {
+    use std::io::{Read, Seek, Write};
+    let path = paths.lock();
+    let io = |source| RunDirError::Io { path: path.clone(), source };
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io)?;
+    if !try_flock(&file).map_err(io)? {
+        let mut holder = String::new();
+        let _ = file.read_to_string(&mut holder);
+        let holder = match holder.trim() {
+            "" => "holder unknown".to_string(),
+            written => written.to_string(),
+        };
+        return Err(RunDirError::InUse { dir: paths.root().to_path_buf(), holder });
+    }
+    let holder = format!("pid {} on {}", std::process::id(), crate::cluster::hostname());
+    file.set_len(0).map_err(io)?;
+    file.rewind().map_err(io)?;
+    file.write_all(holder.as_bytes()).map_err(io)?;
+    Ok(file)
+}
+
+/// An exclusive, non-blocking flock on `file`: `Ok(false)` when another open file holds it.
+/// (std's `File::try_lock` needs Rust 1.89; the build image has 1.88.)
+fn try_flock(file: &std::fs::File) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a file descriptor this `File` owns and keeps open for the call.
+    match unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } {
+        0 => Ok(true),
+        _ => match std::io::Error::last_os_error() {
+            error if error.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
+            error => Err(error),
+        },
     }
 }
 
@@ -387,6 +466,7 @@ mod tests {
             step_in_epoch: global_step,
             global_step,
             seed: 0,
+            image_size: None,
             config_hash: "abc".into(),
             val_top1: None,
             best_val_top1: None,
@@ -422,17 +502,32 @@ mod tests {
     fn only_the_writing_rank_writes() {
         let dir = tempfile::tempdir().unwrap();
         let config = Config::default();
-        let mut other = RunDir::create(RunPaths::new(dir.path().join("other")), &config, false).unwrap();
+        let mut other = RunDir::open(RunPaths::new(dir.path().join("other")), false).unwrap();
+        other.start(&config, None).unwrap();
         other.log_step(StepRecord::default()).unwrap();
         let saved = other.save_checkpoint(&meta(1), vec![], vec![], |_| Vec::new()).unwrap();
         assert_eq!(saved, None);
         assert!(!dir.path().join("other").exists(), "a non-writing rank creates nothing");
-        let mut root = RunDir::create(RunPaths::new(dir.path().join("root")), &config, true).unwrap();
+        let mut root = RunDir::open(RunPaths::new(dir.path().join("root")), true).unwrap();
+        assert!(!root.paths().config().exists(), "nothing written before start");
+        root.start(&config, None).unwrap();
         root.log_step(StepRecord { global_step: 1, ..StepRecord::default() }).unwrap();
         let saved = root.save_checkpoint(&meta(1), vec![], vec![], |_| Vec::new()).unwrap();
         assert_eq!(saved, Some(root.paths().step_checkpoint(1)));
         assert!(root.paths().config().is_file());
         let records = records::read_metrics(&root.paths().metrics()).unwrap();
         assert!(matches!(records.as_slice(), [MetricsRecord::Step(StepRecord { global_step: 1, .. })]));
+    }
+
+    #[test]
+    fn a_locked_run_directory_is_refused_naming_the_holder_until_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = RunPaths::new(dir.path().join("run"));
+        let first = RunDir::open(paths.clone(), true).unwrap();
+        // A second open file description, as another process would have.
+        let err = RunDir::open(paths.clone(), true).err().unwrap().to_string();
+        assert!(err.contains(&format!("pid {}", std::process::id())) && err.contains("in use"), "{err}");
+        drop(first);
+        RunDir::open(paths, true).expect("the lock is released with its holder");
     }
 }

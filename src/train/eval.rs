@@ -160,6 +160,7 @@ pub fn evaluate_split(
 pub fn evaluate_checkpoint(config: &Config, path: &Path) -> Result<(EvalReport, Vec<String>), EvalError> {
     let plan = RunPlan::for_inference(config);
     let (model, meta) = checkpoint::load_model(path)?;
+    meta.warn_if_size_differs(path, config.data.image_size);
     plan.compute.prepare_model(&model)?;
     let dataset = crate::data::open_split(&config.data.root, &config.data.val_split)?;
     if dataset.classes() != meta.classes {

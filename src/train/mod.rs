@@ -84,6 +84,8 @@ pub enum TrainError {
     Manifest(#[from] manifest::ManifestError),
     #[error("weights digest: cannot read tensor {name}: {source}")]
     Digest { name: String, source: tch::TchError },
+    #[error("{when}: {what} is not finite (NaN or infinity): the run diverged, and nothing was saved from it; lower optim.lr")]
+    NotFinite { when: String, what: String },
 }
 
 /// Trains as `plan` says into the run directory at `paths`. Every rank calls it.
@@ -95,12 +97,13 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     let steps_per_epoch = plan.steps_per_epoch(data.train.len(), data.train.root())?;
     let mut trainer = Trainer::new(plan, &model, data.classes(), steps_per_epoch);
     let hosts = cluster::gather_strings(comm.as_ref(), &plan.topology.host);
-    let mut out = RunDir::create(paths, &plan.config, plan.topology.is_root())?;
+    let mut out = RunDir::open(paths, plan.topology.is_root())?;
     let resume_from = broadcast_resume_checkpoint(comm.as_ref(), plan, &out)?;
     let position = match &resume_from {
-        Some(path) => trainer.restore(&model, path, &mut out)?,
+        Some(path) => trainer.restore(&model, path)?,
         None => Position::default(),
     };
+    out.start(&plan.config, resume_from.is_some().then_some((position.global_step, position.epoch)))?;
     if out.writes() {
         out.start_manifest(run_manifest(plan, &data, started_at, hosts, comm.as_ref())?, position.epoch)?;
     }
@@ -118,7 +121,9 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     sync_buffers(comm.as_ref(), &model);
     check_replicas_agree(comm.as_ref(), &model)?;
     let summary = trainer.summary(&data, started, resume_from);
-    let summary = out.finish(&model.torchvision_state_dict(trainer.steps()), summary)?;
+    let weights = model.torchvision_state_dict(trainer.steps());
+    trainer::check_finite("final weights", &weights)?;
+    let summary = out.finish(&weights, &trainer.weights_meta(&model), summary)?;
     if out.writes() {
         log_done(&summary);
     }

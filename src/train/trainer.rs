@@ -15,9 +15,10 @@ use super::step::{self, GradientSync, StepContext, StepOutput};
 use super::{Splits, TrainError};
 use crate::model::Model;
 use crate::plan::RunPlan;
-use crate::run_dir::checkpoint::{self, CheckpointError, CheckpointMeta, EpochTotals};
+use crate::run_dir::checkpoint::{self, CheckpointError, CheckpointMeta, EpochTotals, WeightsMeta};
 use crate::run_dir::records::{EpochRecord, Summary};
 use crate::run_dir::RunDir;
+use crate::util::tensor_io;
 
 /// Where training stands: the epoch in progress, how many of its steps are done, and the
 /// training sums of those steps.
@@ -25,6 +26,8 @@ use crate::run_dir::RunDir;
 pub struct Position {
     pub epoch: u32,
     pub step_in_epoch: usize,
+    /// Optimizer steps taken in all.
+    pub global_step: u64,
     pub totals: EpochTotals,
 }
 
@@ -101,9 +104,9 @@ impl<'a> Trainer<'a> {
         Ok(step::train_step(&context, &mut self.optimizer, &mut self.sync, images, labels, lr)?)
     }
 
-    /// Restores the model and the optimizer from `path` and rewinds the run's metrics to it;
-    /// returns where training stands.
-    pub fn restore(&mut self, model: &Model, path: &Path, out: &mut RunDir) -> Result<Position, TrainError> {
+    /// Restores the model and the optimizer from `path`, refusing a checkpoint of another
+    /// model or class list; returns where training stands. Writes nothing.
+    pub fn restore(&mut self, model: &Model, path: &Path) -> Result<Position, TrainError> {
         let checkpoint = checkpoint::load(path, Some((model.arch, model.num_classes)))?;
         let meta = &checkpoint.meta;
         if meta.classes != self.classes {
@@ -122,7 +125,6 @@ impl<'a> Trainer<'a> {
         }
         model.restore(&checkpoint.model, path)?;
         self.optimizer.load_state(&checkpoint.optimizer, meta.global_step)?;
-        out.rewind_metrics(meta.global_step, meta.epoch)?;
         self.last_val_top1 = meta.val_top1;
         self.best_val_top1 = meta.best_val_top1;
         tracing::info!(
@@ -135,12 +137,14 @@ impl<'a> Trainer<'a> {
         Ok(Position {
             epoch: meta.epoch,
             step_in_epoch: usize::try_from(meta.step_in_epoch).unwrap_or(usize::MAX),
+            global_step: meta.global_step,
             totals: meta.epoch_totals,
         })
     }
 
     /// Saves a checkpoint of `model` at `epoch`/`step_in_epoch` with the epoch's global sums so
-    /// far (rank 0 writes; no collective: reduce the sums and sync the buffers first).
+    /// far (rank 0 writes; no collective: reduce the sums and sync the buffers first). A model
+    /// or optimizer state that is no longer finite is an error, and nothing is written.
     pub fn save_checkpoint(
         &self,
         model: &Model,
@@ -161,6 +165,7 @@ impl<'a> Trainer<'a> {
             step_in_epoch,
             global_step: self.optimizer.steps(),
             seed: config.run.seed,
+            image_size: Some(config.data.image_size),
             config_hash: config.hash()?,
             val_top1: self.last_val_top1,
             best_val_top1: self.best_val_top1,
@@ -168,9 +173,12 @@ impl<'a> Trainer<'a> {
             rtrain_version: env!("CARGO_PKG_VERSION").to_string(),
         };
         let tensors: Vec<(String, Tensor)> = model.state_dict().into_iter().collect();
+        let optimizer = self.optimizer.state_tensors();
+        let when = format!("checkpoint at step {}", meta.global_step);
+        check_finite(&when, tensors.iter().chain(&optimizer))?;
         let keep_last = config.checkpoint.keep_last;
         let retention = |present: &[(u64, PathBuf)]| policy::retention(present, keep_last);
-        Ok(out.save_checkpoint(&meta, tensors, self.optimizer.state_tensors(), retention)?)
+        Ok(out.save_checkpoint(&meta, tensors, optimizer, retention)?)
     }
 
     /// Logs a finished epoch (its global training sums and evaluation), and saves what the
@@ -211,6 +219,12 @@ impl<'a> Trainer<'a> {
             record.val.per_class.iter().map(|a| (a * 1000.0).round() / 1000.0).collect::<Vec<_>>()
         );
         tracing::info!("confusion (rows: true class, columns: predicted): {:?}", record.val.confusion);
+        if !record.val.loss.is_finite() {
+            return Err(TrainError::NotFinite {
+                when: format!("epoch {}", epoch + 1),
+                what: format!("validation loss ({})", record.val.loss),
+            });
+        }
         self.trained_images += totals.samples;
         self.trained_seconds += totals.seconds;
         let top1 = record.val.top1;
@@ -230,6 +244,18 @@ impl<'a> Trainer<'a> {
         }
         out.write_manifest()?;
         Ok(())
+    }
+
+    /// What the final weights file says of the model.
+    pub fn weights_meta(&self, model: &Model) -> WeightsMeta {
+        WeightsMeta {
+            arch: model.arch,
+            num_classes: model.num_classes,
+            classes: self.classes.clone(),
+            image_size: Some(self.plan.config.data.image_size),
+            global_step: self.optimizer.steps(),
+            rtrain_version: env!("CARGO_PKG_VERSION").to_string(),
+        }
     }
 
     /// What `summary.json` says of the run (the final weights' path and hash are the run
@@ -260,5 +286,17 @@ impl<'a> Trainer<'a> {
             weights_sha256: String::new(),
             resumed_from,
         }
+    }
+}
+
+/// Refuses tensors holding NaN or infinity (a diverged run), before anything is saved from
+/// them; `when` says what was about to be saved.
+pub fn check_finite<'t>(
+    when: &str,
+    tensors: impl IntoIterator<Item = &'t (String, Tensor)>,
+) -> Result<(), TrainError> {
+    match tensor_io::first_non_finite(tensors.into_iter().map(|(name, tensor)| (name, tensor))) {
+        Some(name) => Err(TrainError::NotFinite { when: when.to_string(), what: name.clone() }),
+        None => Ok(()),
     }
 }

@@ -31,3 +31,37 @@ pub fn init(format: LogFormat, level: Option<&str>, rank: Option<usize>, all_ran
     // A second init (tests calling into the library twice) keeps the first subscriber.
     let _ = result;
 }
+
+/// An error and its causes on one line, `outer: cause: cause`, each said once: a cause whose
+/// text its wrapper already quotes (as `"{path}: {source}"` messages do) is not repeated.
+pub fn describe_error(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let message = cause.to_string();
+        if text.contains(&message) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&message);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_cause_is_said_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("model.safetensors: {source}")]
+        struct Quoting {
+            source: std::io::Error,
+        }
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file");
+        let error = anyhow::Error::new(Quoting { source: io }).context("loading the model");
+        assert_eq!(describe_error(&error), "loading the model: model.safetensors: No such file");
+    }
+}

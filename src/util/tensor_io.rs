@@ -4,6 +4,11 @@
 //! Every write goes to a temporary file in the destination's directory, is flushed to disk,
 //! and is then renamed over the final name, so a crash or a full disk leaves the previous
 //! file (or none) in place, never a torn one.
+//!
+//! Every `.safetensors` file rtrain writes carries a sha256 of its tensors in its header
+//! ([`DIGEST_KEY`]), and every read checks it: a byte that changed after the write (a failing
+//! disk, a bad copy) is an error naming the file, never a silently different model. Files
+//! without the key (torchvision's, older rtrain's) are read unchecked.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
@@ -21,6 +26,26 @@ pub enum TensorIoError {
     Format { path: PathBuf, source: safetensors::SafeTensorError },
     #[error("{path}: tensor {name}: {problem}")]
     Tensor { path: PathBuf, name: String, problem: String },
+    #[error("{path}: its tensors do not match the digest written with them (the file changed after it was written: a disk or copy error); use another copy or an older checkpoint")]
+    Digest { path: PathBuf },
+}
+
+/// The header metadata key of the sha256 over a file's tensors (see [`tensors_digest`]).
+pub const DIGEST_KEY: &str = "rtrain.tensors_sha256";
+
+/// sha256 over every tensor's name, dtype, shape and bytes, in name order: what
+/// [`DIGEST_KEY`] holds.
+fn tensors_digest<'a>(mut tensors: Vec<(&'a str, Dtype, &'a [usize], &'a [u8])>) -> String {
+    tensors.sort_by_key(|(name, ..)| *name);
+    let mut hasher = Sha256::new();
+    for (name, dtype, shape, bytes) in tensors {
+        hasher.update((name.len() as u64).to_le_bytes());
+        hasher.update(name.as_bytes());
+        hasher.update(format!("{dtype:?}{shape:?}").as_bytes());
+        hasher.update((bytes.len() as u64).to_le_bytes());
+        hasher.update(bytes);
+    }
+    hex::encode(hasher.finalize())
 }
 
 /// Writes `bytes` to `path` atomically (temporary file, fsync, rename, fsync directory).
@@ -94,7 +119,8 @@ impl View for &CpuView {
     }
 }
 
-/// Serialises named tensors (any device, any layout) and string metadata to safetensors bytes.
+/// Serialises named tensors (any device, any layout) and string metadata to safetensors bytes,
+/// with the tensors' digest added to the metadata.
 pub fn to_safetensors_bytes(
     path: &Path,
     tensors: &[(String, Tensor)],
@@ -113,9 +139,34 @@ pub fn to_safetensors_bytes(
         let shape = cpu.size().iter().map(|&d| d as usize).collect();
         views.push((name.clone(), CpuView { dtype, shape, bytes }));
     }
+    let digest = tensors_digest(
+        views.iter().map(|(n, v)| (n.as_str(), v.dtype, v.shape.as_slice(), v.bytes.as_slice())).collect(),
+    );
+    let mut metadata: BTreeMap<String, String> = metadata.unwrap_or_default().into_iter().collect();
+    metadata.insert(DIGEST_KEY.to_string(), digest);
     let refs: Vec<(&str, &CpuView)> = views.iter().map(|(n, v)| (n.as_str(), v)).collect();
-    safetensors::serialize(refs, metadata)
-        .map_err(|source| TensorIoError::Format { path: path.to_path_buf(), source })
+    let bytes = safetensors::serialize(refs, None)
+        .map_err(|source| TensorIoError::Format { path: path.to_path_buf(), source })?;
+    with_sorted_metadata(bytes, &metadata)
+        .map_err(|e| TensorIoError::Format { path: path.to_path_buf(), source: e.into() })
+}
+
+/// Puts `metadata` into the header of serialised safetensors `bytes`, its keys in sorted order:
+/// the safetensors crate writes a HashMap's random order, and equal tensors must give equal
+/// bytes (run hashes are compared across runs).
+fn with_sorted_metadata(bytes: Vec<u8>, metadata: &BTreeMap<String, String>) -> serde_json::Result<Vec<u8>> {
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap_or_default()) as usize;
+    let mut header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + header_len])?;
+    header.insert("__metadata__".to_string(), serde_json::to_value(metadata)?);
+    let mut header = serde_json::to_vec(&header)?;
+    // The data that follows the header starts 8-byte aligned, as the format asks.
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut out = Vec::with_capacity(8 + header.len() + bytes.len() - 8 - header_len);
+    out.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&bytes[8 + header_len..]);
+    Ok(out)
 }
 
 /// Writes named tensors and metadata to `path` atomically.
@@ -141,6 +192,14 @@ pub fn read_safetensors(path: &Path) -> Result<SafetensorsFile, TensorIoError> {
     let (_, header) = SafeTensors::read_metadata(&bytes).map_err(format)?;
     let metadata = header.metadata().clone().unwrap_or_default();
     let parsed = SafeTensors::deserialize(&bytes).map_err(format)?;
+    if let Some(expected) = metadata.get(DIGEST_KEY) {
+        let views = parsed.tensors();
+        let found =
+            tensors_digest(views.iter().map(|(n, v)| (n.as_str(), v.dtype(), v.shape(), v.data())).collect());
+        if &found != expected {
+            return Err(TensorIoError::Digest { path: path.to_path_buf() });
+        }
+    }
     let mut tensors = BTreeMap::new();
     for (name, view) in parsed.tensors() {
         let bad =
@@ -178,6 +237,16 @@ pub fn read_metadata(path: &Path) -> Result<HashMap<String, String>, TensorIoErr
     Ok(parsed.metadata)
 }
 
+/// The name of the first floating-point tensor holding NaN or infinity, if any.
+pub fn first_non_finite<'t>(
+    tensors: impl IntoIterator<Item = (&'t String, &'t Tensor)>,
+) -> Option<&'t String> {
+    tensors.into_iter().find_map(|(name, tensor)| {
+        let finite = !tensor.is_floating_point() || bool::try_from(tensor.isfinite().all()).unwrap_or(false);
+        (!finite).then_some(name)
+    })
+}
+
 /// sha256 of a file's bytes, hex encoded.
 pub fn sha256_file(path: &Path) -> Result<String, TensorIoError> {
     let io = |source| TensorIoError::Io { path: path.to_path_buf(), source };
@@ -204,6 +273,45 @@ mod tests {
         assert_eq!(read.tensors["b"].int64_value(&[]), 42);
         assert_eq!(read.metadata["k"], "v");
         assert_eq!(read_metadata(&path).unwrap()["k"], "v");
+    }
+
+    #[test]
+    fn equal_tensors_and_metadata_give_equal_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let tensors = [("w".to_string(), Tensor::from_slice(&[1.0f32, 2.0]))];
+        let metadata: HashMap<String, String> =
+            (0..16).map(|i| (format!("key{i}"), format!("{i}"))).collect();
+        let bytes: Vec<Vec<u8>> = (0..4)
+            .map(|_| {
+                // A fresh HashMap each time: a fresh random iteration order.
+                let shuffled: HashMap<String, String> = metadata.clone().into_iter().collect();
+                to_safetensors_bytes(&dir.path().join("x"), &tensors, Some(shuffled)).unwrap()
+            })
+            .collect();
+        assert!(bytes.windows(2).all(|pair| pair[0] == pair[1]));
+        let path = dir.path().join("x.safetensors");
+        std::fs::write(&path, &bytes[0]).unwrap();
+        assert_eq!(read_safetensors(&path).unwrap().metadata["key7"], "7");
+    }
+
+    #[test]
+    fn a_changed_byte_fails_the_digest_and_a_file_without_one_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]);
+        write_safetensors(&path, &[("w".into(), w.shallow_clone())], None).unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x01;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = read_safetensors(&path).err().unwrap();
+        assert!(matches!(err, TensorIoError::Digest { .. }), "{err}");
+        assert!(err.to_string().contains("w.safetensors"), "{err}");
+        // A file written elsewhere (no digest) is read as it is.
+        let plain = dir.path().join("plain.safetensors");
+        let view = CpuView { dtype: Dtype::F32, shape: vec![4], bytes: vec![0; 16] };
+        std::fs::write(&plain, safetensors::serialize([("w", &view)], None).unwrap()).unwrap();
+        assert_eq!(read_safetensors(&plain).unwrap().tensors["w"].size(), [4]);
     }
 
     #[test]
