@@ -257,7 +257,7 @@ impl Model {
         steps: u64,
         metadata: Option<HashMap<String, String>>,
     ) -> Result<(), TensorIoError> {
-        tensor_io::write_safetensors(path, &self.torchvision_state_dict(steps), metadata)
+        tensor_io::write_safetensors(path, &self.torchvision_state_dict(steps), metadata).map(drop)
     }
 }
 

@@ -142,18 +142,23 @@ pub struct Checkpoint {
     pub optimizer: BTreeMap<String, Tensor>,
 }
 
+/// Writes a checkpoint atomically; returns the file's sha256.
 pub fn save(
     path: &Path,
     meta: &CheckpointMeta,
     model: Vec<(String, Tensor)>,
     optimizer: Vec<(String, Tensor)>,
-) -> Result<(), CheckpointError> {
+) -> Result<String, CheckpointError> {
     let json = serde_json::to_string(meta)
         .map_err(|source| CheckpointError::Metadata { path: path.to_path_buf(), source })?;
     let mut tensors = model;
     tensors.extend(optimizer.into_iter().map(|(name, t)| (format!("{OPTIM_PREFIX}{name}"), t)));
-    tensor_io::write_safetensors(path, &tensors, Some(HashMap::from([(METADATA_KEY.to_string(), json)])))?;
-    Ok(())
+    let sha256 = tensor_io::write_safetensors(
+        path,
+        &tensors,
+        Some(HashMap::from([(METADATA_KEY.to_string(), json)])),
+    )?;
+    Ok(sha256)
 }
 
 pub fn read_meta(path: &Path) -> Result<CheckpointMeta, CheckpointError> {

@@ -343,14 +343,14 @@ impl RunDir {
     ) -> Result<Option<PathBuf>, RunDirError> {
         let Some(writer) = &mut self.writer else { return Ok(None) };
         let path = self.paths.step_checkpoint(meta.global_step);
-        checkpoint::save(&path, meta, model, optimizer)?;
+        let sha256 = checkpoint::save(&path, meta, model, optimizer)?;
         for stale in retention(&self.paths.step_checkpoints()?) {
             if let Err(error) = std::fs::remove_file(&stale) {
                 tracing::warn!("could not delete old checkpoint {}: {error}", stale.display());
             }
         }
         if let Some(manifest) = &mut writer.manifest {
-            manifest.add_checkpoint(&self.paths, &path)?;
+            manifest.record_checkpoint(&self.paths, &path, sha256);
             manifest.drop_missing_checkpoints(&self.paths);
             manifest.write(&self.paths)?;
         }
@@ -364,9 +364,9 @@ impl RunDir {
         let best = self.paths.best_checkpoint();
         let bytes = std::fs::read(checkpoint)
             .map_err(|source| RunDirError::Io { path: checkpoint.to_path_buf(), source })?;
-        tensor_io::write_atomic(&best, &bytes)?;
+        let sha256 = tensor_io::write_atomic(&best, &bytes)?;
         if let Some(manifest) = &mut writer.manifest {
-            manifest.add_checkpoint(&self.paths, &best)?;
+            manifest.record_checkpoint(&self.paths, &best, sha256);
         }
         Ok(())
     }
@@ -382,9 +382,8 @@ impl RunDir {
     ) -> Result<Summary, RunDirError> {
         let Some(writer) = &mut self.writer else { return Ok(summary) };
         let path = self.paths.weights();
-        tensor_io::write_safetensors(&path, weights, Some(meta.to_metadata()))?;
-        let summary =
-            Summary { weights_sha256: tensor_io::sha256_file(&path)?, weights: path.clone(), ..summary };
+        let sha256 = tensor_io::write_safetensors(&path, weights, Some(meta.to_metadata()))?;
+        let summary = Summary { weights_sha256: sha256, weights: path.clone(), ..summary };
         if let Some(manifest) = &mut writer.manifest {
             manifest.weights =
                 Some(FileHash { path: self.paths.relative(&path), sha256: summary.weights_sha256.clone() });

@@ -137,7 +137,8 @@ impl Summary {
         tensor_io::write_atomic(path, json.as_bytes()).map_err(|e| RecordError::Io {
             path: path.to_path_buf(),
             source: std::io::Error::other(e.to_string()),
-        })
+        })?;
+        Ok(())
     }
 }
 
