@@ -155,6 +155,9 @@ pub struct ModelConfig {
 #[serde(rename_all = "lowercase")]
 pub enum OptimKind {
     Sgd,
+    /// torch.optim.Adam: weight decay as L2 (added to the gradient), as the tutorial uses it.
+    Adam,
+    /// torch.optim.AdamW: decoupled weight decay.
     Adamw,
 }
 

@@ -17,7 +17,11 @@ fn replay(case: &str, files: &std::path::Path) {
     let f = |key: &str| meta[key].as_f64().unwrap();
     let u = |key: &str| meta[key].as_u64().unwrap();
     let mut optim = OptimConfig {
-        name: if meta["name"] == "sgd" { OptimKind::Sgd } else { OptimKind::Adamw },
+        name: match meta["name"].as_str() {
+            Some("sgd") => OptimKind::Sgd,
+            Some("adam") => OptimKind::Adam,
+            _ => OptimKind::Adamw,
+        },
         lr: f("lr"),
         weight_decay: f("weight_decay"),
         ..OptimConfig::default()
@@ -75,7 +79,7 @@ fn replay(case: &str, files: &std::path::Path) {
 fn optimizers_and_schedule_match_torch_optim() {
     let dir = tempfile::tempdir().unwrap();
     common::run_python("optim_reference.py", &[dir.path().as_os_str()]);
-    for case in ["sgd_plain", "sgd_momentum", "sgd_nesterov", "adamw"] {
+    for case in ["sgd_plain", "sgd_momentum", "sgd_nesterov", "adam", "adamw"] {
         replay(case, dir.path());
     }
 }

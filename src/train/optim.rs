@@ -1,4 +1,4 @@
-//! Optimizers (SGD with momentum/Nesterov/weight decay, AdamW) and learning-rate schedules,
+//! Optimizers (SGD with momentum/Nesterov/weight decay, Adam, AdamW) and learning-rate schedules,
 //! written over named tensors so that their state can be checkpointed and resumed exactly.
 //!
 //! tch's own optimizers cannot save their momentum buffers. These follow `torch.optim`'s
@@ -24,7 +24,7 @@ pub enum OptimError {
 struct Slot {
     name: String,
     param: Tensor,
-    /// SGD: [momentum_buffer]; AdamW: [exp_avg, exp_avg_sq]. Empty until the first step,
+    /// SGD: [momentum_buffer]; Adam and AdamW: [exp_avg, exp_avg_sq]. Empty until the first step,
     /// as in PyTorch (SGD's first momentum buffer is a copy of the gradient, not zeros).
     state: Vec<Tensor>,
 }
@@ -32,7 +32,7 @@ struct Slot {
 pub struct Optimizer {
     config: OptimConfig,
     slots: Vec<Slot>,
-    /// Steps taken; AdamW's bias correction depends on it.
+    /// Steps taken; Adam's bias correction depends on it.
     steps: u64,
 }
 
@@ -73,7 +73,8 @@ impl Optimizer {
                 }
                 match config.name {
                     OptimKind::Sgd => sgd_update(&config, &sgd, slot, &grad)?,
-                    OptimKind::Adamw => adamw_update(&config, lr, steps, slot, &grad)?,
+                    OptimKind::Adam => adam_update(&config, lr, steps, slot, &grad, WeightDecay::L2)?,
+                    OptimKind::Adamw => adam_update(&config, lr, steps, slot, &grad, WeightDecay::Decoupled)?,
                 }
             }
             Ok(())
@@ -84,7 +85,7 @@ impl Optimizer {
         match self.config.name {
             OptimKind::Sgd if self.config.momentum == 0.0 => &[],
             OptimKind::Sgd => &["momentum_buffer"],
-            OptimKind::Adamw => &["exp_avg", "exp_avg_sq"],
+            OptimKind::Adam | OptimKind::Adamw => &["exp_avg", "exp_avg_sq"],
         }
     }
 
@@ -178,20 +179,43 @@ fn sgd_update(config: &OptimConfig, s: &SgdScalars, slot: &mut Slot, grad: &Tens
     Ok(())
 }
 
-/// torch.optim.AdamW, single-tensor path (amsgrad off).
-fn adamw_update(
+/// How Adam applies `optim.weight_decay`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WeightDecay {
+    /// torch.optim.Adam: `weight_decay * param` added to the gradient (L2 regularisation).
+    L2,
+    /// torch.optim.AdamW: the parameter shrunk by `lr * weight_decay` before the update.
+    Decoupled,
+}
+
+/// torch.optim.Adam and AdamW, single-tensor path (amsgrad off).
+fn adam_update(
     config: &OptimConfig,
     lr: f64,
     step: u64,
     slot: &mut Slot,
     grad: &Tensor,
+    decay: WeightDecay,
 ) -> Result<(), TchError> {
     let [beta1, beta2] = config.betas;
     if slot.state.is_empty() {
         slot.state.push(slot.param.f_zeros_like()?);
         slot.state.push(slot.param.f_zeros_like()?);
     }
-    let _ = slot.param.f_mul_scalar_(1.0 - lr * config.weight_decay)?;
+    let weight_decay = config.weight_decay;
+    let l2_grad;
+    let grad = match decay {
+        _ if weight_decay == 0.0 => grad,
+        WeightDecay::L2 => {
+            // grad.add(param, alpha=weight_decay), a new tensor as in PyTorch.
+            l2_grad = grad.f_add(&slot.param.f_mul_scalar(weight_decay)?)?;
+            &l2_grad
+        }
+        WeightDecay::Decoupled => {
+            let _ = slot.param.f_mul_scalar_(1.0 - lr * weight_decay)?;
+            grad
+        }
+    };
     let (exp_avg, exp_avg_sq) = slot.state.split_at_mut(1);
     let (exp_avg, exp_avg_sq) = (&mut exp_avg[0], &mut exp_avg_sq[0]);
     let _ = exp_avg.f_lerp_(grad, 1.0 - beta1)?;

@@ -27,6 +27,7 @@ CASES = {
     "sgd_plain": {"name": "sgd", "lr": 0.1, "momentum": 0.0, "nesterov": False, "weight_decay": 0.0},
     "sgd_momentum": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": False, "weight_decay": 1e-4},
     "sgd_nesterov": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4},
+    "adam": {"name": "adam", "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.1},
     "adamw": {"name": "adamw", "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01},
 }
 
@@ -35,8 +36,9 @@ def optimizer_for(case, params):
     if case["name"] == "sgd":
         return torch.optim.SGD(params, lr=case["lr"], momentum=case["momentum"],
                                nesterov=case["nesterov"], weight_decay=case["weight_decay"])
-    return torch.optim.AdamW(params, lr=case["lr"], betas=tuple(case["betas"]), eps=case["eps"],
-                             weight_decay=case["weight_decay"])
+    adam = torch.optim.Adam if case["name"] == "adam" else torch.optim.AdamW
+    return adam(params, lr=case["lr"], betas=tuple(case["betas"]), eps=case["eps"],
+                weight_decay=case["weight_decay"])
 
 
 def main(out_dir):
