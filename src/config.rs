@@ -183,6 +183,26 @@ pub enum ScheduleKind {
     Constant,
     Cosine,
     Step,
+    /// torch's ReduceLROnPlateau, stepped once per epoch on the validation metric.
+    Plateau,
+}
+
+/// ReduceLROnPlateau's `mode`: which validation metric it watches and which way is better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PlateauMode {
+    /// The validation loss, lower is better.
+    Min,
+    /// The validation top-1, higher is better.
+    Max,
+}
+
+/// ReduceLROnPlateau's `threshold_mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ThresholdMode {
+    Rel,
+    Abs,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -198,6 +218,14 @@ pub struct ScheduleConfig {
     /// Step only: decay every this many epochs by `gamma`, as StepLR.
     pub step_epochs: u32,
     pub gamma: f64,
+    /// Plateau only: torch.optim.lr_scheduler.ReduceLROnPlateau's parameters, by its names
+    /// (`min_lr` above is its floor).
+    pub mode: PlateauMode,
+    pub factor: f64,
+    pub patience: u32,
+    pub threshold: f64,
+    pub threshold_mode: ThresholdMode,
+    pub cooldown: u32,
 }
 
 /// `data.workers`: a number of loader threads, or `"auto"`.
@@ -375,6 +403,12 @@ impl Default for ScheduleConfig {
             min_lr: 0.0,
             step_epochs: 30,
             gamma: 0.1,
+            mode: PlateauMode::Min,
+            factor: 0.1,
+            patience: 10,
+            threshold: 1e-4,
+            threshold_mode: ThresholdMode::Rel,
+            cooldown: 0,
         }
     }
 }
@@ -576,6 +610,8 @@ impl Config {
         check(s.min_lr >= 0.0 && s.min_lr <= o.lr, "schedule.min_lr", "must be in [0, optim.lr]")?;
         check(s.step_epochs > 0, "schedule.step_epochs", "must be positive")?;
         check(s.gamma > 0.0 && s.gamma <= 1.0, "schedule.gamma", "must be in (0, 1]")?;
+        check(s.factor > 0.0 && s.factor < 1.0, "schedule.factor", "must be in (0, 1), as torch requires")?;
+        check(s.threshold >= 0.0, "schedule.threshold", "must not be negative")?;
         let t = &self.train;
         check(t.epochs > 0, "train.epochs", "must be positive")?;
         check((0.0..1.0).contains(&t.label_smoothing), "train.label_smoothing", "must be in [0, 1)")?;

@@ -191,7 +191,7 @@ fn two_ranks_in_one_container_and_two_containers_as_nodes_train_the_same_model()
     let output = common::assert_success(docker(&one_node), "2-rank mpirun in one container");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(
-        stderr.matches("entrypoint: runtime docker, 0 GPU(s), launcher: OMPI_COMM_WORLD_SIZE").count(),
+        stderr.matches("entrypoint: runtime docker, 0 GPU(s), launcher: OMPI_COMM_WORLD_RANK").count(),
         2
     );
 

@@ -1,11 +1,12 @@
-//! The Rust optimizers and learning-rate schedule against torch.optim on the same libtorch:
-//! tests/reference/optim_reference.py makes the reference, this test replays it.
+//! The Rust optimizers and learning-rate schedules against torch.optim on the same libtorch:
+//! tests/reference/optim_reference.py and plateau_reference.py make the references, these tests
+//! replay them.
 
 mod common;
 
 use std::collections::BTreeMap;
 
-use rtrain::config::{OptimConfig, OptimKind, ScheduleConfig, ScheduleKind};
+use rtrain::config::{OptimConfig, OptimKind, PlateauMode, ScheduleConfig, ScheduleKind, ThresholdMode};
 use rtrain::train::optim::{Optimizer, Schedule};
 use rtrain::util::tensor_io::read_safetensors;
 use serde_json::Value;
@@ -81,5 +82,47 @@ fn optimizers_and_schedule_match_torch_optim() {
     common::run_python("optim_reference.py", &[dir.path().as_os_str()]);
     for case in ["sgd_plain", "sgd_momentum", "sgd_nesterov", "adam", "adamw"] {
         replay(case, dir.path());
+    }
+}
+
+/// ReduceLROnPlateau against torch's on fixed metric sequences: every epoch's learning rate
+/// equal (the tutorial's settings, abs/rel thresholds, min and max modes, cooldown, the floor).
+#[test]
+fn reduce_lr_on_plateau_matches_torch() {
+    let dir = tempfile::tempdir().unwrap();
+    common::run_python("plateau_reference.py", &[dir.path().as_os_str()]);
+    let cases: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("plateau.json")).unwrap()).unwrap();
+    for (name, case) in cases.as_object().unwrap() {
+        let p = &case["params"];
+        let f = |key: &str| p[key].as_f64().unwrap();
+        let config = ScheduleConfig {
+            kind: ScheduleKind::Plateau,
+            warmup_epochs: 0.0,
+            mode: if p["mode"] == "min" { PlateauMode::Min } else { PlateauMode::Max },
+            factor: f("factor"),
+            patience: p["patience"].as_u64().unwrap() as u32,
+            threshold: f("threshold"),
+            threshold_mode: if p["threshold_mode"] == "rel" {
+                ThresholdMode::Rel
+            } else {
+                ThresholdMode::Abs
+            },
+            cooldown: p["cooldown"].as_u64().unwrap() as u32,
+            min_lr: f("min_lr"),
+            ..ScheduleConfig::default()
+        };
+        let mut schedule = Schedule::new(&config, f("lr"), 10, 30);
+        let metrics: Vec<f64> = serde_json::from_value(case["metrics"].clone()).unwrap();
+        let expected: Vec<f64> = serde_json::from_value(case["lr"].clone()).unwrap();
+        for (epoch, (&metric, &expected_lr)) in metrics.iter().zip(&expected).enumerate() {
+            // The metric goes in as the loss and as the top-1: the mode picks which it watches.
+            schedule.after_evaluation(metric, metric);
+            let lr = schedule.lr(10 * (epoch as u64 + 1));
+            assert!(
+                (lr - expected_lr).abs() <= 1e-15 * expected_lr,
+                "{name} epoch {epoch}: lr {lr} vs torch {expected_lr}"
+            );
+        }
     }
 }

@@ -36,6 +36,7 @@ fn exported_logits_match(arch: Arch, num_classes: usize) {
         val_top1: None,
         best_val_top1: None,
         epoch_totals: EpochTotals::default(),
+        plateau: None,
         rtrain_version: "test".into(),
     };
     let ckpt = dir.path().join("ckpt.safetensors");

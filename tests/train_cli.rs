@@ -291,3 +291,59 @@ fn configuration_errors_name_the_key_and_exit_2() {
         .code(1)
         .stderr(predicate::str::contains("nowhere"));
 }
+
+/// `schedule.kind = "plateau"` (ReduceLROnPlateau) keeps its state in checkpoints: a run
+/// stopped after 3 epochs and resumed to 5 reduces the learning rate at the same epochs and
+/// ends with the same weights as an uninterrupted one (without the saved state, the resumed
+/// run would restart from the base rate).
+#[test]
+fn plateau_schedule_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 8, 4, 32);
+    let sets: Vec<String> = [
+        format!("data.root={:?}", data.display().to_string()),
+        "data.image_size=32".into(),
+        "data.batch_size=8".into(),
+        "train.threads=1".into(),
+        "optim.lr=0.05".into(),
+        "schedule.kind=\"plateau\"".into(),
+        "schedule.warmup_epochs=0".into(),
+        // Top-1 must rise by 0.5 to count: every epoch after the first is a plateau.
+        "schedule.mode=\"max\"".into(),
+        "schedule.threshold_mode=\"abs\"".into(),
+        "schedule.threshold=0.5".into(),
+        "schedule.patience=0".into(),
+        "schedule.factor=0.5".into(),
+    ]
+    .iter()
+    .flat_map(|s| ["--set".to_string(), s.clone()])
+    .collect();
+    let train = |run: &str, epochs: u32, resume: bool| {
+        let mut command = common::rtrain(dir.path());
+        command
+            .args(["train", "--run-dir", run])
+            .args(&sets)
+            .args(["--set", &format!("train.epochs={epochs}")]);
+        if resume {
+            command.args(["--resume", "auto"]);
+        }
+        command.assert().success();
+    };
+    train("whole", 5, false);
+    train("resumed", 3, false);
+    train("resumed", 5, true);
+    let lrs = |run: &str| -> Vec<f64> {
+        let text = std::fs::read_to_string(dir.path().join(run).join("metrics.jsonl")).unwrap();
+        text.lines()
+            .map(|line| serde_json::from_str::<Value>(line).unwrap())
+            .filter(|record| record["kind"] == "epoch")
+            .map(|record| record["lr"].as_f64().unwrap())
+            .collect()
+    };
+    assert_eq!(lrs("whole"), [0.05, 0.05, 0.025, 0.0125, 0.00625]);
+    assert_eq!(lrs("resumed"), lrs("whole"));
+    assert_eq!(
+        summary(&dir.path().join("resumed"))["weights_sha256"],
+        summary(&dir.path().join("whole"))["weights_sha256"]
+    );
+}

@@ -71,7 +71,23 @@ pub struct CheckpointMeta {
     /// Training sums of the epoch in progress, so its metrics survive a resume.
     #[serde(default)]
     pub epoch_totals: EpochTotals,
+    /// ReduceLROnPlateau's state (`schedule.kind = "plateau"`), the one learning-rate schedule
+    /// that is not a function of the step alone.
+    #[serde(default)]
+    pub plateau: Option<PlateauState>,
     pub rtrain_version: String,
+}
+
+/// Where ReduceLROnPlateau stands, as torch keeps it (the scheduler is the training loop's; its
+/// state is recorded here so that a resumed run continues exactly).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlateauState {
+    /// The learning rate it has reduced to (the base rate until the first reduction).
+    pub lr: f64,
+    /// The best metric so far; None before the first evaluation (torch's +-inf).
+    pub best: Option<f64>,
+    pub num_bad_epochs: u32,
+    pub cooldown_counter: u32,
 }
 
 /// Sums over the part of an epoch trained so far.
@@ -289,6 +305,7 @@ mod tests {
             val_top1: Some(0.5),
             best_val_top1: Some(0.6),
             epoch_totals: EpochTotals { loss_sum: 1.5, correct: 3, samples: 8, seconds: 0.25, skipped: 1 },
+            plateau: Some(PlateauState { lr: 0.01, best: Some(0.5), num_bad_epochs: 2, cooldown_counter: 1 }),
             rtrain_version: "0.1.0".into(),
         }
     }

@@ -470,6 +470,7 @@ mod tests {
             val_top1: None,
             best_val_top1: None,
             epoch_totals: EpochTotals::default(),
+            plateau: None,
             rtrain_version: "0.1.0".into(),
         }
     }

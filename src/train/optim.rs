@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 
 use tch::{TchError, Tensor};
 
-use crate::config::{OptimConfig, OptimKind, ScheduleConfig, ScheduleKind};
+use crate::config::{OptimConfig, OptimKind, PlateauMode, ScheduleConfig, ScheduleKind, ThresholdMode};
+use crate::run_dir::checkpoint::PlateauState;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OptimError {
@@ -233,7 +234,8 @@ fn adam_update(
 
 /// Per-step learning rate: linear warm-up (torch's LinearLR) then cosine (CosineAnnealingLR),
 /// step decay (StepLR) or constant, all in closed form of the global step so a resumed run
-/// needs no scheduler state.
+/// needs no scheduler state; or ReduceLROnPlateau, stepped after each epoch's evaluation, whose
+/// state checkpoints carry.
 #[derive(Debug, Clone)]
 pub struct Schedule {
     kind: ScheduleKind,
@@ -244,6 +246,8 @@ pub struct Schedule {
     total_steps: u64,
     step_every: u64,
     gamma: f64,
+    /// Present for `ScheduleKind::Plateau`.
+    plateau: Option<Plateau>,
 }
 
 impl Schedule {
@@ -258,17 +262,20 @@ impl Schedule {
             total_steps: steps_per_epoch * u64::from(epochs),
             step_every: steps_per_epoch * u64::from(config.step_epochs),
             gamma: config.gamma,
+            plateau: (config.kind == ScheduleKind::Plateau).then(|| Plateau::new(config, base_lr)),
         }
     }
 
     pub fn lr(&self, step: u64) -> f64 {
+        // Plateau reduces the rate the warm-up ramps to.
+        let base_lr = self.plateau.as_ref().map_or(self.base_lr, |plateau| plateau.state.lr);
         if step < self.warmup_steps {
             let progress = step as f64 / self.warmup_steps as f64;
-            return self.base_lr * (self.warmup_start_factor + (1.0 - self.warmup_start_factor) * progress);
+            return base_lr * (self.warmup_start_factor + (1.0 - self.warmup_start_factor) * progress);
         }
         let since = step - self.warmup_steps;
         match self.kind {
-            ScheduleKind::Constant => self.base_lr,
+            ScheduleKind::Constant | ScheduleKind::Plateau => base_lr,
             ScheduleKind::Step => self.base_lr * self.gamma.powi((since / self.step_every.max(1)) as i32),
             ScheduleKind::Cosine => {
                 let span = self.total_steps.saturating_sub(self.warmup_steps).max(1);
@@ -276,6 +283,95 @@ impl Schedule {
                 self.min_lr + (self.base_lr - self.min_lr) * (1.0 + (std::f64::consts::PI * t).cos()) / 2.0
             }
         }
+    }
+
+    /// Tells the schedule an epoch's global validation loss and top-1; ReduceLROnPlateau steps
+    /// on the one its mode watches. Returns the new learning rate when it reduced it.
+    pub fn after_evaluation(&mut self, val_loss: f64, val_top1: f64) -> Option<f64> {
+        let plateau = self.plateau.as_mut()?;
+        let metric = match plateau.mode {
+            PlateauMode::Min => val_loss,
+            PlateauMode::Max => val_top1,
+        };
+        plateau.step(metric)
+    }
+
+    /// ReduceLROnPlateau's state, for checkpoints.
+    pub fn plateau_state(&self) -> Option<PlateauState> {
+        self.plateau.as_ref().map(|plateau| plateau.state.clone())
+    }
+
+    /// Continues from a checkpoint's ReduceLROnPlateau state (none: as it starts).
+    pub fn restore_plateau(&mut self, state: Option<PlateauState>) {
+        if let (Some(plateau), Some(state)) = (self.plateau.as_mut(), state) {
+            plateau.state = state;
+        }
+    }
+}
+
+/// torch.optim.lr_scheduler.ReduceLROnPlateau, operation for operation.
+#[derive(Debug, Clone)]
+struct Plateau {
+    mode: PlateauMode,
+    factor: f64,
+    patience: u32,
+    threshold: f64,
+    threshold_mode: ThresholdMode,
+    cooldown: u32,
+    min_lr: f64,
+    state: PlateauState,
+}
+
+impl Plateau {
+    /// torch's `eps`: a reduction smaller than this is not applied.
+    const EPS: f64 = 1e-8;
+
+    fn new(config: &ScheduleConfig, base_lr: f64) -> Plateau {
+        Plateau {
+            mode: config.mode,
+            factor: config.factor,
+            patience: config.patience,
+            threshold: config.threshold,
+            threshold_mode: config.threshold_mode,
+            cooldown: config.cooldown,
+            min_lr: config.min_lr,
+            state: PlateauState { lr: base_lr, best: None, num_bad_epochs: 0, cooldown_counter: 0 },
+        }
+    }
+
+    fn is_better(&self, current: f64) -> bool {
+        let Some(best) = self.state.best else { return !current.is_nan() };
+        match (self.mode, self.threshold_mode) {
+            (PlateauMode::Min, ThresholdMode::Rel) => current < best * (1.0 - self.threshold),
+            (PlateauMode::Min, ThresholdMode::Abs) => current < best - self.threshold,
+            (PlateauMode::Max, ThresholdMode::Rel) => current > best * (self.threshold + 1.0),
+            (PlateauMode::Max, ThresholdMode::Abs) => current > best + self.threshold,
+        }
+    }
+
+    /// One epoch's metric; the new learning rate when it reduced it.
+    fn step(&mut self, current: f64) -> Option<f64> {
+        if self.is_better(current) {
+            self.state.best = Some(current);
+            self.state.num_bad_epochs = 0;
+        } else {
+            self.state.num_bad_epochs += 1;
+        }
+        if self.state.cooldown_counter > 0 {
+            self.state.cooldown_counter -= 1;
+            self.state.num_bad_epochs = 0;
+        }
+        if self.state.num_bad_epochs <= self.patience {
+            return None;
+        }
+        self.state.cooldown_counter = self.cooldown;
+        self.state.num_bad_epochs = 0;
+        let reduced = (self.state.lr * self.factor).max(self.min_lr);
+        if self.state.lr - reduced <= Self::EPS {
+            return None;
+        }
+        self.state.lr = reduced;
+        Some(reduced)
     }
 }
 
@@ -309,6 +405,32 @@ mod tests {
         assert_eq!(schedule.lr(19), 0.8);
         assert_eq!(schedule.lr(20), 0.4);
         assert_eq!(schedule.lr(45), 0.2);
+    }
+
+    #[test]
+    fn plateau_resumed_from_its_state_continues_exactly() {
+        let mut config = Config::default().schedule;
+        config.kind = ScheduleKind::Plateau;
+        config.warmup_epochs = 0.0;
+        config.patience = 1;
+        let metrics = [1.0, 0.9, 0.95, 0.96, 0.97, 0.5, 0.6, 0.7, 0.8, 0.9];
+        let run = |schedule: &mut Schedule, metrics: &[f64]| -> Vec<f64> {
+            metrics
+                .iter()
+                .map(|&m| schedule.after_evaluation(m, 0.0).map_or(schedule.lr(0), |lr| lr))
+                .collect()
+        };
+        let mut whole = Schedule::new(&config, 0.1, 10, 10);
+        let uninterrupted = run(&mut whole, &metrics);
+        assert!(uninterrupted.iter().any(|&lr| lr < 0.1), "it must reduce: {uninterrupted:?}");
+        let mut first = Schedule::new(&config, 0.1, 10, 10);
+        let mut resumed_lrs = run(&mut first, &metrics[..4]);
+        let saved: PlateauState =
+            serde_json::from_str(&serde_json::to_string(&first.plateau_state()).unwrap()).unwrap();
+        let mut resumed = Schedule::new(&config, 0.1, 10, 10);
+        resumed.restore_plateau(Some(saved));
+        resumed_lrs.extend(run(&mut resumed, &metrics[4..]));
+        assert_eq!(resumed_lrs, uninterrupted);
     }
 
     #[test]

@@ -125,6 +125,7 @@ impl<'a> Trainer<'a> {
         }
         model.restore(&checkpoint.model, path)?;
         self.optimizer.load_state(&checkpoint.optimizer, meta.global_step)?;
+        self.schedule.restore_plateau(meta.plateau.clone());
         self.last_val_top1 = meta.val_top1;
         self.best_val_top1 = meta.best_val_top1;
         tracing::info!(
@@ -170,6 +171,7 @@ impl<'a> Trainer<'a> {
             val_top1: self.last_val_top1,
             best_val_top1: self.best_val_top1,
             epoch_totals: totals,
+            plateau: self.schedule.plateau_state(),
             rtrain_version: env!("CARGO_PKG_VERSION").to_string(),
         };
         let tensors: Vec<(String, Tensor)> = model.state_dict().into_iter().collect();
@@ -224,6 +226,12 @@ impl<'a> Trainer<'a> {
                 when: format!("epoch {}", epoch + 1),
                 what: format!("validation loss ({})", record.val.loss),
             });
+        }
+        if let Some(lr) = self.schedule.after_evaluation(record.val.loss, record.val.top1) {
+            tracing::info!(
+                "epoch {}: no improvement for schedule.patience epochs: learning rate reduced to {lr:e}",
+                epoch + 1
+            );
         }
         self.trained_images += totals.samples;
         self.trained_seconds += totals.seconds;
