@@ -347,3 +347,40 @@ fn plateau_schedule_resumes_exactly() {
         summary(&dir.path().join("whole"))["weights_sha256"]
     );
 }
+
+/// At the end the best checkpoint is evaluated again (as the tutorial reloads `best_model.pt`):
+/// summary.json has the best epoch and its report next to the last one, and the report equals
+/// what that epoch's own evaluation logged.
+#[test]
+fn the_best_checkpoint_is_evaluated_again_at_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 8, 4, 32);
+    common::rtrain(dir.path())
+        .args(["train", "--run-dir", "run", "--set", &format!("data.root={:?}", data.display().to_string())])
+        .args(["--set", "data.image_size=32", "--set", "data.batch_size=8", "--set", "train.threads=1"])
+        .args(["--set", "train.epochs=4", "--set", "optim.lr=0.05"])
+        .assert()
+        .success();
+    let run = dir.path().join("run");
+    let epochs: Vec<Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .filter(|record| record["kind"] == "epoch")
+        .collect();
+    // The first epoch with the highest top-1 (a tie keeps the earlier best).
+    let top1 = |record: &Value| record["val"]["top1"].as_f64().unwrap();
+    let best =
+        epochs.iter().fold(&epochs[0], |best, record| if top1(record) > top1(best) { record } else { best });
+    let summary = summary(&run);
+    assert_eq!(summary["best_epoch"].as_u64(), Some(best["epoch"].as_u64().unwrap() + 1), "{summary}");
+    assert_eq!(summary["best_eval"]["top1"].as_f64(), Some(top1(best)));
+    let (loss, logged) =
+        (summary["best_eval"]["loss"].as_f64().unwrap(), best["val"]["loss"].as_f64().unwrap());
+    assert!(
+        (loss - logged).abs() <= 1e-9 * logged.abs().max(1.0),
+        "re-evaluated loss {loss} vs logged {logged}"
+    );
+    assert_eq!(summary["best_eval"]["confusion"], best["val"]["confusion"]);
+    assert_eq!(summary["final_eval"]["top1"].as_f64(), Some(top1(epochs.last().unwrap())));
+}

@@ -100,6 +100,12 @@ pub struct Summary {
     pub val_images: usize,
     pub final_eval: Option<EvalReport>,
     pub best_val_top1: Option<f64>,
+    /// The best checkpoint (`best.safetensors`) evaluated again at the end, as the tutorial
+    /// reloads and evaluates `best_model.pt`, and the epoch (1-based) it was taken after.
+    #[serde(default)]
+    pub best_epoch: Option<u32>,
+    #[serde(default)]
+    pub best_eval: Option<EvalReport>,
     pub wall_seconds: f64,
     pub train_images_per_second: f64,
     pub peak_rss_mib: Option<f64>,

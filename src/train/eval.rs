@@ -35,6 +35,8 @@ pub enum EvalError {
     Classes { dir: std::path::PathBuf, found: Vec<String>, expected: Vec<String> },
     #[error("evaluating {}: a batch's labels or predictions could not be read back: {source}", dir.display())]
     ReadBack { dir: std::path::PathBuf, source: tch::TchError },
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
 }
 
 /// Counts predictions against labels; kept apart from the model so it is testable alone.
@@ -153,6 +155,30 @@ pub fn evaluate_split(
     comm: &dyn Communicator,
 ) -> Result<EvalReport, EvalError> {
     evaluate(model, split.clone(), plan.eval_transform(), plan.eval_loader(), &plan.compute, comm)
+}
+
+/// The run's best checkpoint evaluated again at the end, as the tutorial reloads and evaluates
+/// `best_model.pt`: rank 0 reads `best` (checking its digest and values), every rank receives
+/// its weights, and the split is evaluated as during training. Returns the epoch (1-based) the
+/// checkpoint was taken after (known on rank 0; 0 elsewhere) and the report. A collective.
+pub fn evaluate_best(
+    plan: &RunPlan,
+    num_classes: usize,
+    split: &Arc<dyn Dataset>,
+    comm: &dyn Communicator,
+    best: &Path,
+) -> Result<(u32, EvalReport), EvalError> {
+    let arch = plan.config.model.arch;
+    let model = Model::new(arch, num_classes, plan.compute.device)?;
+    let mut epoch = 0;
+    if comm.topology().is_root() {
+        let checkpoint = checkpoint::load(best, Some((arch, num_classes)))?;
+        model.restore(&checkpoint.model, best)?;
+        epoch = checkpoint.meta.epoch;
+    }
+    plan.compute.prepare_model(&model)?;
+    cluster::broadcast_from_root(comm, model.state_dict().into_values());
+    Ok((epoch, evaluate_split(&model, split, plan, comm)?))
 }
 
 /// `rtrain eval`: the checkpoint at `path` evaluated on the configured validation split, in one

@@ -120,7 +120,21 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     }
     sync_buffers(comm.as_ref(), &model);
     check_replicas_agree(comm.as_ref(), &model)?;
-    let summary = trainer.summary(&data, started, resume_from);
+    let mut summary = trainer.summary(&data, started, resume_from);
+    if trainer.has_best_checkpoint() {
+        let best = out.paths().best_checkpoint();
+        let (epoch, report) =
+            eval::evaluate_best(plan, data.classes().len(), &data.val, comm.as_ref(), &best)?;
+        if out.writes() {
+            tracing::info!(
+                "best epoch {epoch} ({} evaluated again): val loss {:.4} top-1 {:.4}",
+                best.display(),
+                report.loss,
+                report.top1
+            );
+        }
+        (summary.best_epoch, summary.best_eval) = (Some(epoch), Some(report));
+    }
     let weights = model.torchvision_state_dict(trainer.steps());
     trainer::check_finite("final weights", &weights)?;
     let summary = out.finish(&weights, &trainer.weights_meta(&model), summary)?;

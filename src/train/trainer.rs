@@ -254,6 +254,12 @@ impl<'a> Trainer<'a> {
         Ok(())
     }
 
+    /// Whether the run has a best checkpoint (`checkpoint.keep_best` and an evaluation done);
+    /// equal on every rank.
+    pub fn has_best_checkpoint(&self) -> bool {
+        self.plan.config.checkpoint.keep_best && self.best_val_top1.is_some()
+    }
+
     /// What the final weights file says of the model.
     pub fn weights_meta(&self, model: &Model) -> WeightsMeta {
         WeightsMeta {
@@ -279,6 +285,8 @@ impl<'a> Trainer<'a> {
             val_images: data.val.len(),
             final_eval: self.final_eval.clone(),
             best_val_top1: self.best_val_top1,
+            best_epoch: None,
+            best_eval: None,
             wall_seconds: started.elapsed().as_secs_f64(),
             train_images_per_second: if self.trained_seconds > 0.0 {
                 self.trained_images as f64 / self.trained_seconds
