@@ -144,6 +144,9 @@ pub struct ModelConfig {
     pub num_classes: usize,
     /// A torchvision-format `.safetensors` state dict to start from.
     pub pretrained: Option<PathBuf>,
+    /// Hidden widths of an MLP head: Linear-ReLU layers before the classifier, named as
+    /// `nn.Sequential` names them (`fc.0`, `fc.2`, ...). Empty: torchvision's single `fc`.
+    pub head_hidden: Vec<usize>,
     /// Train only the classifier head (`fc`).
     pub freeze_backbone: bool,
     /// BatchNorm as torchvision's FrozenBatchNorm2d: running statistics fixed, scale and shift
@@ -374,6 +377,7 @@ impl Default for ModelConfig {
             arch: Arch::Resnet18,
             num_classes: 0,
             pretrained: None,
+            head_hidden: Vec::new(),
             freeze_backbone: false,
             freeze_batchnorm: false,
         }
@@ -574,6 +578,11 @@ impl Config {
         }
         let d = &self.data;
         check(d.image_size >= 16, "data.image_size", "must be at least 16 pixels")?;
+        check(
+            self.model.head_hidden.iter().all(|&width| width > 0),
+            "model.head_hidden",
+            "widths must be positive",
+        )?;
         check(d.batch_size > 0, "data.batch_size", "must be positive")?;
         check(
             d.batch_size > 1 || self.model.freeze_batchnorm,

@@ -11,10 +11,10 @@ use rtrain::run_dir::checkpoint::{self, CheckpointMeta, EpochTotals};
 use rtrain::util::tensor_io::{read_safetensors, write_safetensors};
 use tch::{Device, Kind, Tensor};
 
-fn exported_logits_match(arch: Arch, num_classes: usize) {
+fn exported_logits_match(arch: Arch, num_classes: usize, head_hidden: &[usize]) {
     let dir = tempfile::tempdir().unwrap();
     tch::manual_seed(11);
-    let model = Model::new(arch, num_classes, Device::Cpu).unwrap();
+    let model = Model::with_head(arch, num_classes, head_hidden, Device::Cpu).unwrap();
     // Move the BatchNorm running statistics away from their initial 0/1, so that the test sees
     // whether they are exported under the right names.
     tch::no_grad(|| {
@@ -27,6 +27,7 @@ fn exported_logits_match(arch: Arch, num_classes: usize) {
         arch,
         num_classes,
         classes: (0..num_classes).map(|i| format!("c{i}")).collect(),
+        head_hidden: head_hidden.to_vec(),
         epoch: 1,
         step_in_epoch: 0,
         global_step: 3,
@@ -48,6 +49,7 @@ fn exported_logits_match(arch: Arch, num_classes: usize) {
     let input_path = dir.path().join("input.safetensors");
     write_safetensors(&input_path, &[("input".into(), input.shallow_clone())], None).unwrap();
     let out = dir.path().join("logits.safetensors");
+    let head = head_hidden.iter().map(|w| w.to_string()).collect::<Vec<_>>().join(",");
     common::run_python(
         "torchvision_logits.py",
         &[
@@ -56,6 +58,7 @@ fn exported_logits_match(arch: Arch, num_classes: usize) {
             weights.as_os_str(),
             input_path.as_os_str(),
             out.as_os_str(),
+            head.as_ref(),
         ],
     );
     let theirs = &read_safetensors(&out).unwrap().tensors["logits"];
@@ -69,12 +72,20 @@ fn exported_logits_match(arch: Arch, num_classes: usize) {
 
 #[test]
 fn resnet18_export_loads_strictly_in_torchvision_with_equal_logits() {
-    exported_logits_match(Arch::Resnet18, 4);
+    exported_logits_match(Arch::Resnet18, 4, &[]);
+}
+
+/// The tutorial's head, `nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 3))`, and a
+/// deeper one: the export loads strictly into torchvision after the same `model.fc = ...`.
+#[test]
+fn an_mlp_head_exports_as_torchvisions_sequential_with_equal_logits() {
+    exported_logits_match(Arch::Resnet34, 3, &[512]);
+    exported_logits_match(Arch::Resnet18, 5, &[64, 32]);
 }
 
 #[test]
 fn resnet50_export_loads_strictly_in_torchvision_with_equal_logits() {
-    exported_logits_match(Arch::Resnet50, 7);
+    exported_logits_match(Arch::Resnet50, 7, &[]);
 }
 
 #[test]

@@ -74,13 +74,16 @@ pub struct LoadReport {
     pub loaded: usize,
     /// Head tensors left at their fresh initialisation because their shape differs.
     pub reinitialised: Vec<String>,
-    /// torchvision's `num_batches_tracked` counters, which tch's BatchNorm does not keep.
+    /// torchvision's `num_batches_tracked` counters, which tch's BatchNorm does not keep, and
+    /// the file's head tensors that this model's head has no place for.
     pub ignored: Vec<String>,
 }
 
 pub struct Model {
     pub arch: Arch,
     pub num_classes: usize,
+    /// The MLP head's hidden widths (`model.head_hidden`); empty for torchvision's `fc`.
+    pub head_hidden: Vec<usize>,
     pub vs: VarStore,
     net: ResNet,
     /// BatchNorm uses its running statistics even in training (see `freeze_batchnorm`).
@@ -90,6 +93,16 @@ pub struct Model {
 impl Model {
     /// A freshly initialised model; call `tch::manual_seed` first for a reproducible init.
     pub fn new(arch: Arch, num_classes: usize, device: Device) -> Result<Model, ModelError> {
+        Model::with_head(arch, num_classes, &[], device)
+    }
+
+    /// [`Model::new`] with an MLP head of the `head_hidden` widths (see `model.head_hidden`).
+    pub fn with_head(
+        arch: Arch,
+        num_classes: usize,
+        head_hidden: &[usize],
+        device: Device,
+    ) -> Result<Model, ModelError> {
         let torch_err = |source| ModelError::Torch { arch, num_classes, source };
         let classes = i64::try_from(num_classes)
             .map_err(|_| torch_err(tch::TchError::Convert("class count".into())))?;
@@ -102,8 +115,10 @@ impl Model {
             Arch::Resnet101 => ([3, 4, 23, 3], true),
             Arch::Resnet152 => ([3, 8, 36, 3], true),
         };
-        let net = ResNet::new(&root, blocks, bottleneck, classes);
-        let model = Model { arch, num_classes, vs, net, batchnorm_frozen: false };
+        let hidden: Vec<i64> = head_hidden.iter().map(|&w| i64::try_from(w).unwrap_or(i64::MAX)).collect();
+        let net = ResNet::new(&root, blocks, bottleneck, classes, &hidden);
+        let model =
+            Model { arch, num_classes, head_hidden: head_hidden.to_vec(), vs, net, batchnorm_frozen: false };
         model.init_like_torchvision().map_err(torch_err)?;
         Ok(model)
     }
@@ -191,7 +206,9 @@ impl Model {
             }
         }
         for name in file.keys() {
-            if name.ends_with(".num_batches_tracked") {
+            // The file's own head (e.g. ImageNet's `fc`) where this model has another shape of
+            // head (an MLP's `fc.0`, `fc.2`): replaced, as torchvision users replace `model.fc`.
+            if name.ends_with(".num_batches_tracked") || name.starts_with(HEAD_PREFIX) {
                 report.ignored.push(name.clone());
             } else {
                 problems.push(format!("unexpected key {name}"));
@@ -320,6 +337,46 @@ mod tests {
         let (a, b) =
             (&source.state_dict()["layer4.1.conv2.weight"], &target.state_dict()["layer4.1.conv2.weight"]);
         assert!(a.equal(b));
+    }
+
+    #[test]
+    fn an_mlp_head_is_named_as_nn_sequential_and_replaces_a_pretrained_fc() {
+        let model = Model::with_head(Arch::Resnet34, 3, &[512], Device::Cpu).unwrap();
+        let head: Vec<(String, Vec<i64>)> = model
+            .state_dict()
+            .into_iter()
+            .filter(|(name, _)| name.starts_with(HEAD_PREFIX))
+            .map(|(name, tensor)| (name, tensor.size()))
+            .collect();
+        let expected = [
+            ("fc.0.bias", vec![512]),
+            ("fc.0.weight", vec![512, 512]),
+            ("fc.2.bias", vec![3]),
+            ("fc.2.weight", vec![3, 512]),
+        ];
+        assert_eq!(head, expected.map(|(n, s)| (n.to_string(), s)));
+        let logits = tch::no_grad(|| {
+            model.forward_t(&Tensor::randn([2, 3, 32, 32], (Kind::Float, Device::Cpu)), false)
+        });
+        assert_eq!(logits.size(), [2, 3]);
+        // ImageNet weights (a plain fc) into the tutorial's model: the backbone loads, the
+        // file's fc is set aside, the MLP head keeps its fresh initialisation.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("imagenet.safetensors");
+        Model::new(Arch::Resnet34, 1000, Device::Cpu).unwrap().write_torchvision(&path, 0, None).unwrap();
+        let report = model.load_pretrained(&path).unwrap();
+        assert_eq!(report.reinitialised, ["fc.0.bias", "fc.0.weight", "fc.2.bias", "fc.2.weight"]);
+        assert!(
+            report.ignored.contains(&"fc.weight".to_string())
+                && report.ignored.contains(&"fc.bias".to_string())
+        );
+        model.freeze_backbone();
+        let trainable: Vec<String> = model.trainable().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(
+            trainable,
+            ["fc.0.bias", "fc.0.weight", "fc.2.bias", "fc.2.weight"],
+            "the whole head trains"
+        );
     }
 
     #[test]

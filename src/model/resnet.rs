@@ -6,7 +6,7 @@
 //! activation. In place is safe for autograd where torchvision does it: after BatchNorm, whose
 //! backward pass does not read its output.
 
-use tch::nn::{self, BatchNorm, Conv2D, Linear, ModuleT};
+use tch::nn::{self, BatchNorm, Conv2D, ModuleT};
 use tch::Tensor;
 
 fn conv(p: nn::Path, c_in: i64, c_out: i64, kernel: i64, stride: i64) -> Conv2D {
@@ -83,12 +83,20 @@ pub struct ResNet {
     conv1: Conv2D,
     bn1: BatchNorm,
     layers: Vec<Vec<Block>>,
-    fc: Linear,
+    /// torchvision's `fc`: one Linear, or with hidden widths an `nn.Sequential` of Linear and
+    /// ReLU layers whose Linear ones are `fc.0`, `fc.2`, ... (the ReLUs hold no tensors).
+    fc: nn::Sequential,
 }
 
 impl ResNet {
     /// `blocks` per stage, e.g. [2, 2, 2, 2] for ResNet-18; `bottleneck` for ResNet-50 and up.
-    pub fn new(p: &nn::Path, blocks: [usize; 4], bottleneck: bool, num_classes: i64) -> ResNet {
+    pub fn new(
+        p: &nn::Path,
+        blocks: [usize; 4],
+        bottleneck: bool,
+        num_classes: i64,
+        head_hidden: &[i64],
+    ) -> ResNet {
         let mut channels = 64;
         let mut layers = Vec::new();
         for (stage, &count) in blocks.iter().enumerate() {
@@ -108,9 +116,26 @@ impl ResNet {
             conv1: conv(p / "conv1", 3, 64, 7, 2),
             bn1: bn(p / "bn1", 64),
             layers,
-            fc: nn::linear(p / "fc", channels, num_classes, Default::default()),
+            fc: head(&(p / "fc"), channels, head_hidden, num_classes),
         }
     }
+}
+
+/// The classifier head: `Linear(channels, num_classes)` as `fc`, or Linear-ReLU layers of the
+/// `hidden` widths then the classifier, as `nn.Sequential` indexes them.
+fn head(p: &nn::Path, channels: i64, hidden: &[i64], num_classes: i64) -> nn::Sequential {
+    if hidden.is_empty() {
+        return nn::seq().add(nn::linear(p, channels, num_classes, Default::default()));
+    }
+    let mut seq = nn::seq();
+    let mut width = channels;
+    for (i, &next) in hidden.iter().enumerate() {
+        seq = seq
+            .add(nn::linear(p / (2 * i).to_string(), width, next, Default::default()))
+            .add_fn(|x| x.relu());
+        width = next;
+    }
+    seq.add(nn::linear(p / (2 * hidden.len()).to_string(), width, num_classes, Default::default()))
 }
 
 impl ModuleT for ResNet {

@@ -54,6 +54,9 @@ pub struct CheckpointMeta {
     pub arch: Arch,
     pub num_classes: usize,
     pub classes: Vec<String>,
+    /// `model.head_hidden`: the MLP head's hidden widths (empty: torchvision's `fc`).
+    #[serde(default)]
+    pub head_hidden: Vec<usize>,
     /// The epoch in progress (0-based) and how many of its steps are done.
     pub epoch: u32,
     pub step_in_epoch: u64,
@@ -114,6 +117,9 @@ pub struct WeightsMeta {
     pub arch: Arch,
     pub num_classes: usize,
     pub classes: Vec<String>,
+    /// `model.head_hidden`: the MLP head's hidden widths (empty: torchvision's `fc`).
+    #[serde(default)]
+    pub head_hidden: Vec<usize>,
     /// The square crop the model was trained on (`data.image_size`); unknown for checkpoints
     /// of rtrain before 0.2.
     #[serde(default)]
@@ -129,6 +135,7 @@ impl WeightsMeta {
             arch: meta.arch,
             num_classes: meta.num_classes,
             classes: meta.classes.clone(),
+            head_hidden: meta.head_hidden.clone(),
             image_size: meta.image_size,
             global_step: meta.global_step,
             rtrain_version: meta.rtrain_version.clone(),
@@ -276,7 +283,7 @@ pub fn load_model(path: &Path) -> Result<(Model, WeightsMeta), CheckpointError> 
         None => WeightsMeta::of_checkpoint(&parse_meta(path, &file.metadata)?),
     };
     check_finite(path, &file.tensors)?;
-    let model = Model::new(info.arch, info.num_classes, tch::Device::Cpu)?;
+    let model = Model::with_head(info.arch, info.num_classes, &info.head_hidden, tch::Device::Cpu)?;
     model.restore(&file.tensors, path)?;
     Ok((model, info))
 }
@@ -296,6 +303,7 @@ mod tests {
             arch: Arch::Resnet18,
             num_classes: 4,
             classes: vec!["a".into(), "b".into(), "c".into(), "d".into()],
+            head_hidden: vec![512],
             epoch: 1,
             step_in_epoch: 3,
             global_step: 13,

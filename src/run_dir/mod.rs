@@ -461,6 +461,7 @@ mod tests {
             arch: Arch::Resnet18,
             num_classes: 2,
             classes: vec!["a".into(), "b".into()],
+            head_hidden: Vec::new(),
             epoch: 0,
             step_in_epoch: global_step,
             global_step,

@@ -169,7 +169,7 @@ pub fn evaluate_best(
     best: &Path,
 ) -> Result<(u32, EvalReport), EvalError> {
     let arch = plan.config.model.arch;
-    let model = Model::new(arch, num_classes, plan.compute.device)?;
+    let model = Model::with_head(arch, num_classes, &plan.config.model.head_hidden, plan.compute.device)?;
     let mut epoch = 0;
     if comm.topology().is_root() {
         let checkpoint = checkpoint::load(best, Some((arch, num_classes)))?;

@@ -193,11 +193,11 @@ impl Splits {
 fn build_model(plan: &RunPlan, data: &Splits) -> Result<Model, TrainError> {
     let m = &plan.config.model;
     tch::manual_seed(i64::from_ne_bytes(plan.config.run.seed.to_ne_bytes()));
-    let mut model = Model::new(m.arch, data.classes().len(), plan.compute.device)?;
+    let mut model = Model::with_head(m.arch, data.classes().len(), &m.head_hidden, plan.compute.device)?;
     if let Some(path) = &m.pretrained {
         let report = model.load_pretrained(path)?;
         tracing::info!(
-            "loaded {} tensors from {}; re-initialised {:?}; ignored {} num_batches_tracked counters",
+            "loaded {} tensors from {}; re-initialised {:?}; ignored {} (num_batches_tracked counters, the file's own head)",
             report.loaded,
             path.display(),
             report.reinitialised,

@@ -109,6 +109,14 @@ impl<'a> Trainer<'a> {
     pub fn restore(&mut self, model: &Model, path: &Path) -> Result<Position, TrainError> {
         let checkpoint = checkpoint::load(path, Some((model.arch, model.num_classes)))?;
         let meta = &checkpoint.meta;
+        if meta.head_hidden != model.head_hidden {
+            return Err(CheckpointError::Mismatch {
+                path: path.to_path_buf(),
+                found: format!("model.head_hidden = {:?}", meta.head_hidden),
+                expected: format!("model.head_hidden = {:?}", model.head_hidden),
+            }
+            .into());
+        }
         if meta.classes != self.classes {
             return Err(CheckpointError::Mismatch {
                 path: path.to_path_buf(),
@@ -162,6 +170,7 @@ impl<'a> Trainer<'a> {
             arch: model.arch,
             num_classes: model.num_classes,
             classes: self.classes.clone(),
+            head_hidden: model.head_hidden.clone(),
             epoch,
             step_in_epoch,
             global_step: self.optimizer.steps(),
@@ -266,6 +275,7 @@ impl<'a> Trainer<'a> {
             arch: model.arch,
             num_classes: model.num_classes,
             classes: self.classes.clone(),
+            head_hidden: model.head_hidden.clone(),
             image_size: Some(self.plan.config.data.image_size),
             global_step: self.optimizer.steps(),
             rtrain_version: env!("CARGO_PKG_VERSION").to_string(),
