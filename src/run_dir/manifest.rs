@@ -260,13 +260,6 @@ impl Manifest {
         serde_json::from_slice(&bytes).map_err(|e| ManifestError::Parse { path, problem: e.to_string() })
     }
 
-    /// Records a checkpoint file of the run directory with its hash.
-    pub fn add_checkpoint(&mut self, run: &RunPaths, file: &Path) -> Result<(), TensorIoError> {
-        let sha256 = tensor_io::sha256_file(file)?;
-        self.record_checkpoint(run, file, sha256);
-        Ok(())
-    }
-
     /// Records a checkpoint file whose hash is known (taken as it was written).
     pub fn record_checkpoint(&mut self, run: &RunPaths, file: &Path, sha256: String) {
         self.checkpoints.insert(run.relative(file), sha256);

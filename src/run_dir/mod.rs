@@ -266,28 +266,36 @@ impl RunDir {
     pub fn start_manifest(&mut self, fresh: Manifest, resume_epoch: u32) -> Result<(), RunDirError> {
         let Some(writer) = &mut self.writer else { return Ok(()) };
         let mut manifest = fresh;
-        match Manifest::read(self.paths.root()) {
-            Ok(previous) if resume_epoch > 0 || !previous.checkpoints.is_empty() => {
-                manifest.started = previous.started;
-                manifest.epochs = previous.epochs.into_iter().filter(|e| e.epoch < resume_epoch).collect();
+        let previous = Manifest::read(self.paths.root()).ok();
+        if let Some(previous) = &previous {
+            if resume_epoch > 0 || !previous.checkpoints.is_empty() {
+                manifest.started = previous.started.clone();
+                manifest.epochs =
+                    previous.epochs.iter().filter(|e| e.epoch < resume_epoch).cloned().collect();
             }
-            _ => {}
         }
-        let previous = Manifest::read(self.paths.root()).map(|m| m.checkpoints).unwrap_or_default();
+        let recorded = previous.map(|m| m.checkpoints).unwrap_or_default();
         let best = Some(self.paths.best_checkpoint()).filter(|best| best.exists());
         let present = self.paths.step_checkpoints()?.into_iter().map(|(_, file)| file).chain(best);
         for file in present {
-            // A file that fails its checks keeps the hash the manifest had for it (so that
-            // `rtrain verify` still finds the damage), never one taken over the damaged bytes.
-            match checkpoint::read_whole(&file) {
-                Ok(()) => manifest.add_checkpoint(&self.paths, &file)?,
-                Err(error) => {
-                    tracing::warn!("not recording a checkpoint that fails its checks: {error}");
-                    let relative = self.paths.relative(&file);
-                    if let Some(sha256) = previous.get(&relative) {
-                        manifest.checkpoints.insert(relative, sha256.clone());
-                    }
+            let relative = self.paths.relative(&file);
+            let sha256 = tensor_io::sha256_file(&file)?;
+            match recorded.get(&relative) {
+                // As recorded when it was written: nothing to check again.
+                Some(known) if *known == sha256 => manifest.record_checkpoint(&self.paths, &file, sha256),
+                // Changed since: keep the recorded hash, so that `rtrain verify` reports it.
+                Some(known) => {
+                    tracing::warn!(
+                        "{}: changed since it was written (sha256 {sha256}, recorded {known})",
+                        file.display()
+                    );
+                    manifest.checkpoints.insert(relative, known.clone());
                 }
+                // Never recorded: only a file that passes its checks is.
+                None => match checkpoint::read_whole(&file) {
+                    Ok(()) => manifest.record_checkpoint(&self.paths, &file, sha256),
+                    Err(error) => tracing::warn!("not recording a checkpoint that fails its checks: {error}"),
+                },
             }
         }
         manifest.write(&self.paths)?;
