@@ -97,8 +97,7 @@ pub fn bench_loader(options: &LoaderBench) -> Result<LoaderBenchResult, BenchErr
     let wanted = (options.batches + 1) * options.batch_size;
     let permutation = crate::data::sampler::epoch_permutation(data.len(), 0, 0);
     let order: Vec<usize> = permutation.iter().copied().cycle().take(wanted).collect();
-    let transform =
-        transforms::Transform::Train { size: options.image_size, augment: transforms::Augment::default() };
+    let transform = transforms::Transform::train(options.image_size, transforms::Augment::default());
     let loader_options = loader::LoaderOptions {
         batch_size: options.batch_size,
         workers: options.workers,

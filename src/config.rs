@@ -16,6 +16,7 @@ use figment::{Figment, Metadata, Profile, Provider};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::data::autoaugment::{AutoAugmentPolicy, Policy};
 use crate::data::sampler::UnevenTail;
 use crate::model::precision::PrecisionSetting;
 use crate::model::Arch;
@@ -93,6 +94,48 @@ pub struct RunConfig {
     pub deterministic: bool,
 }
 
+/// `data.augment_policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AugmentPolicy {
+    None,
+    AutoaugmentImagenet,
+    AutoaugmentCifar10,
+    AutoaugmentSvhn,
+    Randaugment,
+    Trivialaugmentwide,
+}
+
+impl AugmentPolicy {
+    /// The policy the loader applies, with torchvision's default parameters.
+    pub fn policy(self) -> Option<Policy> {
+        match self {
+            AugmentPolicy::None => None,
+            AugmentPolicy::AutoaugmentImagenet => Some(Policy::AutoAugment(AutoAugmentPolicy::ImageNet)),
+            AugmentPolicy::AutoaugmentCifar10 => Some(Policy::AutoAugment(AutoAugmentPolicy::Cifar10)),
+            AugmentPolicy::AutoaugmentSvhn => Some(Policy::AutoAugment(AutoAugmentPolicy::Svhn)),
+            AugmentPolicy::Randaugment => Some(Policy::RAND_AUGMENT),
+            AugmentPolicy::Trivialaugmentwide => Some(Policy::TRIVIAL_AUGMENT_WIDE),
+        }
+    }
+}
+
+/// `data.train_transform`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrainGeometry {
+    RandomResizedCrop,
+    Resize,
+}
+
+/// `data.eval_transform`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvalGeometry {
+    ResizeCenterCrop,
+    Resize,
+}
+
 /// `data.on_bad_sample`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -115,8 +158,22 @@ pub struct DataConfig {
     pub on_bad_sample: BadSample,
     pub train_split: String,
     pub val_split: String,
-    /// Side of the square crop the network sees.
+    /// Side of the square image the network sees.
     pub image_size: u32,
+    /// torchvision's automatic augmentation on each decoded training image, before the
+    /// geometry (the tutorial's `AutoAugment()`): none, AutoAugment with the ImageNet, CIFAR-10
+    /// or SVHN policy, RandAugment (2 ops, magnitude 9 of 31) or TrivialAugmentWide.
+    pub augment_policy: AugmentPolicy,
+    /// How a training image becomes image_size x image_size: torchvision's
+    /// `RandomResizedCrop` (scale, ratio), or `Resize((image_size, image_size))` of the whole
+    /// image, aspect not kept (the DesignSafe tutorial's). Both flip when `hflip`.
+    pub train_transform: TrainGeometry,
+    /// How an evaluation image does: `Resize(eval_resize)` + `CenterCrop(image_size)`, or
+    /// `Resize((image_size, image_size))`.
+    pub eval_transform: EvalGeometry,
+    /// `Normalize` with ImageNet's mean and std after `ToTensor`; false keeps values in [0, 1]
+    /// (the tutorial has no Normalize).
+    pub normalize: bool,
     /// Short side before the evaluation centre crop; 0 means image_size * 256 / 224.
     pub eval_resize: u32,
     pub batch_size: usize,
@@ -142,8 +199,14 @@ pub struct ModelConfig {
     pub arch: Arch,
     /// 0 means the number of class folders in the training split.
     pub num_classes: usize,
-    /// A torchvision-format `.safetensors` state dict to start from.
+    /// A torchvision-format state dict to start from: `.safetensors`, or a `torch.save` `.pth`.
     pub pretrained: Option<PathBuf>,
+    /// torchvision's published weights by name (`IMAGENET1K_V1`, `IMAGENET1K_V2`, `DEFAULT`), or
+    /// a file name in torch.hub's form (`NAME-SHA256PREFIX.pth`) on `weights_url`; taken from
+    /// PyTorch's cache (`$TORCH_HOME/hub/checkpoints`) or downloaded into it.
+    pub weights: Option<String>,
+    /// Where published weights are downloaded from: torchvision's server, or a mirror.
+    pub weights_url: String,
     /// Hidden widths of an MLP head: Linear-ReLU layers before the classifier, named as
     /// `nn.Sequential` names them (`fc.0`, `fc.2`, ...). Empty: torchvision's single `fc`.
     pub head_hidden: Vec<usize>,
@@ -152,6 +215,10 @@ pub struct ModelConfig {
     /// BatchNorm as torchvision's FrozenBatchNorm2d: running statistics fixed, scale and shift
     /// not trained (fine-tuning with small per-rank batches).
     pub freeze_batchnorm: bool,
+    /// SyncBatchNorm: in training, BatchNorm's batch statistics cover every rank's batch (the
+    /// tutorial's `convert_sync_batchnorm`), on CPU and GPU alike. One collective per layer in
+    /// forward and backward; no effect on a single process or with frozen BatchNorm.
+    pub sync_batchnorm: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -358,6 +425,10 @@ impl Default for DataConfig {
             train_split: "train".into(),
             val_split: "val".into(),
             image_size: 64,
+            augment_policy: AugmentPolicy::None,
+            train_transform: TrainGeometry::RandomResizedCrop,
+            eval_transform: EvalGeometry::ResizeCenterCrop,
+            normalize: true,
             eval_resize: 0,
             batch_size: 32,
             eval_batch_size: 0,
@@ -377,9 +448,12 @@ impl Default for ModelConfig {
             arch: Arch::Resnet18,
             num_classes: 0,
             pretrained: None,
+            weights: None,
+            weights_url: crate::model::weights::TORCHVISION_BASE_URL.to_string(),
             head_hidden: Vec::new(),
             freeze_backbone: false,
             freeze_batchnorm: false,
+            sync_batchnorm: false,
         }
     }
 }
@@ -583,6 +657,15 @@ impl Config {
             "model.head_hidden",
             "widths must be positive",
         )?;
+        check(
+            self.model.pretrained.is_none() || self.model.weights.is_none(),
+            "model.weights",
+            "cannot be combined with model.pretrained: choose published weights by name or a file",
+        )?;
+        if let Some(name) = &self.model.weights {
+            crate::model::weights::HubFile::resolve(self.model.arch, name)
+                .map_err(|e| ConfigError::Invalid { key: "model.weights", problem: e.to_string() })?;
+        }
         check(d.batch_size > 0, "data.batch_size", "must be positive")?;
         check(
             d.batch_size > 1 || self.model.freeze_batchnorm,
@@ -826,6 +909,20 @@ mod tests {
                 "{key} undocumented"
             );
         }
+    }
+
+    #[test]
+    fn every_shipped_config_loads_and_validates() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+        let mut count = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let loaded = LoadedConfig::load(Some(&path), &[]);
+            let config = loaded.unwrap_or_else(|e| panic!("{}: {e}", path.display())).config;
+            config.validate().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            count += 1;
+        }
+        assert!(count >= 6, "{count} configs");
     }
 
     #[test]

@@ -10,11 +10,11 @@ use tch::Device;
 
 use crate::cluster::device::{self, DeviceError};
 use crate::cluster::Topology;
-use crate::config::{BadSample, Config, Workers};
+use crate::config::{BadSample, Config, EvalGeometry, TrainGeometry, Workers};
 use crate::data::loader::LoaderOptions;
 use crate::data::sampler;
 use crate::data::shards;
-use crate::data::transforms::{Augment, Transform};
+use crate::data::transforms::{Augment, Geometry, Transform};
 use crate::model::precision::{self, Compute, ShimError};
 
 #[derive(Debug, thiserror::Error)]
@@ -112,18 +112,26 @@ impl RunPlan {
 
     pub fn train_transform(&self) -> Transform {
         let d = &self.config.data;
-        Transform::Train {
-            size: d.image_size,
-            augment: Augment {
+        let geometry = match d.train_transform {
+            TrainGeometry::RandomResizedCrop => Geometry::RandomResizedCrop(Augment {
                 scale: (d.scale[0], d.scale[1]),
                 ratio: (d.ratio[0], d.ratio[1]),
                 hflip: d.hflip,
-            },
-        }
+            }),
+            TrainGeometry::Resize => Geometry::Resize { hflip: d.hflip },
+        };
+        Transform { size: d.image_size, policy: d.augment_policy.policy(), geometry, normalize: d.normalize }
     }
 
     pub fn eval_transform(&self) -> Transform {
-        Transform::Eval { size: self.config.data.image_size, resize: self.config.eval_resize() }
+        let d = &self.config.data;
+        let geometry = match d.eval_transform {
+            EvalGeometry::ResizeCenterCrop => {
+                Geometry::ResizeCenterCrop { resize: self.config.eval_resize() }
+            }
+            EvalGeometry::Resize => Geometry::Resize { hflip: false },
+        };
+        Transform { size: d.image_size, policy: None, geometry, normalize: d.normalize }
     }
 
     /// The loader's options for training batches; decoding yields to the model when both share

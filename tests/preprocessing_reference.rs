@@ -27,7 +27,7 @@ impl Case {
     fn plan(&self, width: u32, height: u32) -> Plan {
         match (self.resize, self.crop) {
             (Some(resize), None) => {
-                let transform = Transform::Eval { size: self.size, resize };
+                let transform = Transform::eval(self.size, resize);
                 Plan::new(width, height, &transform, &mut sample_rng(0, 0, 0))
             }
             (None, Some([top, left, height, width])) => {

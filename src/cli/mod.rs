@@ -20,7 +20,7 @@ use crate::data::shards;
 use crate::doctor;
 use crate::jobs;
 use crate::model::precision::{Compute, Precision};
-use crate::model::Arch;
+use crate::model::{weights, Arch};
 use crate::plan::Resume;
 use crate::predict;
 use crate::report::{self, runs::RunData, scaling};
@@ -65,6 +65,9 @@ pub enum Command {
     /// Datasets: the built-in synthetic set and IDX import.
     #[command(subcommand)]
     Data(DataCommand),
+    /// Starting weights: torchvision's published ImageNet weights, and `.pth` conversion.
+    #[command(subcommand)]
+    Weights(WeightsCommand),
     /// The resolved configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -277,6 +280,25 @@ pub enum DataCommand {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum WeightsCommand {
+    /// Download torchvision's published weights into PyTorch's cache ($TORCH_HOME/hub/checkpoints),
+    /// checked against the sha256 prefix in their file name; a file already there is checked.
+    Fetch {
+        #[arg(value_parser = parse_arch)]
+        arch: Arch,
+        /// torchvision's weights name (IMAGENET1K_V1, IMAGENET1K_V2), DEFAULT (the newest), or a
+        /// file name in torch.hub's form NAME-SHA256PREFIX.pth on the server.
+        #[arg(long, default_value = "DEFAULT")]
+        weights: String,
+        /// Download from this server instead of torchvision's (a mirror).
+        #[arg(long, default_value = weights::TORCHVISION_BASE_URL)]
+        base_url: String,
+    },
+    /// Write a `torch.save` state dict (.pth) as safetensors, tensor for tensor.
+    Convert { input: PathBuf, output: PathBuf },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
     /// Print the resolved configuration with the origin of each value.
     Show(ConfigArgs),
@@ -428,6 +450,23 @@ fn parse_arch(name: &str) -> Result<Arch, String> {
     })
 }
 
+fn cmd_weights(command: WeightsCommand) -> Result<()> {
+    match command {
+        WeightsCommand::Fetch { arch, weights: name, base_url } => {
+            let file = weights::HubFile::resolve(arch, &name)?;
+            let path = weights::fetch_to_cache(arch, &file, &base_url, true)?;
+            println!("{arch} {}: {} (sha256 starts {})", file.name, path.display(), file.sha256_prefix());
+        }
+        WeightsCommand::Convert { input, output } => {
+            let tensors = weights::read_state_dict(&input)?;
+            let named: Vec<(String, tch::Tensor)> = tensors.into_iter().collect();
+            tensor_io::write_safetensors(&output, &named, None)?;
+            println!("{}: {} tensors from {}", output.display(), named.len(), input.display());
+        }
+    }
+    Ok(())
+}
+
 pub fn run(cli: Cli) -> Result<()> {
     // The launcher's rank (MPI's own view, checked later, must agree) labels every log line.
     let rank =
@@ -440,6 +479,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Predict(args) => cmd_predict(args),
         Command::Export(args) => cmd_export(args),
         Command::Data(command) => cmd_data(command),
+        Command::Weights(command) => cmd_weights(command),
         Command::Doctor(args) => {
             let examination = doctor::examine(&args.config.load()?.config);
             match args.json {

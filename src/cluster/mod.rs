@@ -83,6 +83,13 @@ pub trait Communicator: Send + Sync {
     fn topology(&self) -> &Topology;
     fn all_reduce_sum_f32(&self, data: &mut [f32]);
     fn all_reduce_sum_f64(&self, data: &mut [f64]);
+    /// [`Self::all_reduce_sum_f64`] for collectives inside the model's forward and backward
+    /// (SyncBatchNorm). They run on a communicator of their own: backward issues them while
+    /// the communication thread's gradient all-reduces are in flight, and two threads'
+    /// collectives on one communicator could be matched in different orders on different ranks.
+    fn all_reduce_sum_f64_in_model(&self, data: &mut [f64]) {
+        self.all_reduce_sum_f64(data);
+    }
     /// [`Self::all_reduce_sum_f32`] for a communication thread that shares the cores with
     /// training: where the library allows, it starts a non-blocking all-reduce and tests it
     /// every `poll` with sleeps in between instead of spinning a core (zero: a blocking call).

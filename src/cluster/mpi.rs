@@ -26,6 +26,9 @@ extern "C" {
 pub struct MpiCommunicator {
     topology: Topology,
     world: ffi::MPI_Comm,
+    /// A duplicate of `world` for the model's own collectives (SyncBatchNorm), which the
+    /// training thread runs while the communication thread uses `world`.
+    model: ffi::MPI_Comm,
     /// MPI reduction operations summing bf16 and fp16 values (compressed gradients).
     sum_bf16: ffi::MPI_Op,
     sum_fp16: ffi::MPI_Op,
@@ -83,7 +86,15 @@ impl MpiCommunicator {
             abort_job_on_panic(rank);
         }
         let (sum_bf16, sum_fp16) = (create_op(sum_bf16), create_op(sum_fp16));
-        Ok(MpiCommunicator { topology, world: world.as_raw(), sum_bf16, sum_fp16, _universe: universe })
+        let model = duplicate(world.as_raw());
+        Ok(MpiCommunicator {
+            topology,
+            world: world.as_raw(),
+            model,
+            sum_bf16,
+            sum_fp16,
+            _universe: universe,
+        })
     }
 }
 
@@ -94,12 +105,17 @@ impl Communicator for MpiCommunicator {
 
     fn all_reduce_sum_f32(&self, data: &mut [f32]) {
         // SAFETY: RSMPI_FLOAT and RSMPI_SUM are MPI_FLOAT and MPI_SUM, a sum of f32.
-        self.all_reduce(data, unsafe { (ffi::RSMPI_FLOAT, ffi::RSMPI_SUM) });
+        self.all_reduce(self.world, data, unsafe { (ffi::RSMPI_FLOAT, ffi::RSMPI_SUM) });
     }
 
     fn all_reduce_sum_f64(&self, data: &mut [f64]) {
         // SAFETY: RSMPI_DOUBLE and RSMPI_SUM are MPI_DOUBLE and MPI_SUM, a sum of f64.
-        self.all_reduce(data, unsafe { (ffi::RSMPI_DOUBLE, ffi::RSMPI_SUM) });
+        self.all_reduce(self.world, data, unsafe { (ffi::RSMPI_DOUBLE, ffi::RSMPI_SUM) });
+    }
+
+    fn all_reduce_sum_f64_in_model(&self, data: &mut [f64]) {
+        // SAFETY: as all_reduce_sum_f64, on the model's communicator.
+        self.all_reduce(self.model, data, unsafe { (ffi::RSMPI_DOUBLE, ffi::RSMPI_SUM) });
     }
 
     /// A non-blocking all-reduce, tested every `poll` with sleeps in between: a blocking MPI
@@ -123,7 +139,7 @@ impl Communicator for MpiCommunicator {
         // SAFETY: RSMPI_UINT16_T is MPI_UINT16_T, the type of u16; `op` sums them as `wire`.
         let datatype = unsafe { ffi::RSMPI_UINT16_T };
         match poll.is_zero() {
-            true => self.all_reduce(data, (datatype, op)),
+            true => self.all_reduce(self.world, data, (datatype, op)),
             false => self.all_reduce_polled(data, (datatype, op), poll),
         }
     }
@@ -208,9 +224,15 @@ impl MpiCommunicator {
         }
     }
 
-    /// In-place blocking reduction over the world, in chunks that MPI's `int` count can
-    /// express. `datatype` must be the MPI type of `T`, and `op` defined on it.
-    fn all_reduce<T>(&self, data: &mut [T], (datatype, op): (ffi::MPI_Datatype, ffi::MPI_Op)) {
+    /// In-place blocking reduction over `comm` (the world or its duplicate), in chunks that
+    /// MPI's `int` count can express. `datatype` must be the MPI type of `T`, and `op` defined
+    /// on it.
+    fn all_reduce<T>(
+        &self,
+        comm: ffi::MPI_Comm,
+        data: &mut [T],
+        (datatype, op): (ffi::MPI_Datatype, ffi::MPI_Op),
+    ) {
         for chunk in data.chunks_mut(c_int::MAX as usize) {
             // SAFETY: an in-place reduction of `chunk.len()` elements of `datatype` in memory we
             // borrow mutably; MPI's default error handler aborts the job on failure, so there
@@ -222,10 +244,21 @@ impl MpiCommunicator {
                     chunk.len() as c_int,
                     datatype,
                     op,
-                    self.world,
+                    comm,
                 );
             }
         }
+    }
+}
+
+/// A new communicator with the same ranks as `comm`, whose collectives never match `comm`'s.
+fn duplicate(comm: ffi::MPI_Comm) -> ffi::MPI_Comm {
+    let mut copy = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
+    // SAFETY: a collective on a valid communicator; MPI writes the handle (its default error
+    // handler aborts the job on failure, so it is always set).
+    unsafe {
+        ffi::MPI_Comm_dup(comm, copy.as_mut_ptr());
+        copy.assume_init()
     }
 }
 

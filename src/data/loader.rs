@@ -19,8 +19,8 @@ use rand_chacha::ChaCha8Rng;
 
 use super::dataset::DataError;
 use super::dataset::Dataset;
-use super::decode::decode_region;
-use super::transforms::{sample_rng, Plan, Transform};
+use super::decode::{decode, decode_region};
+use super::transforms::{self, sample_rng, Plan, Transform};
 
 /// One batch of transformed images.
 #[derive(Debug)]
@@ -169,6 +169,13 @@ fn decode_transformed(
     out: &mut [f32],
 ) -> Result<(), DataError> {
     let bytes = dataset.encoded(index)?;
+    if transform.policy.is_some() {
+        // The policy's operations read the whole image: decode it all.
+        let image = decode(&bytes)
+            .map_err(|source| DataError::Decode { path: dataset.describe(index).into(), source })?;
+        transforms::apply(&image, transform, rng, out);
+        return Ok(());
+    }
     let mut plan = None;
     let region = decode_region(&bytes, |width, height| {
         let drawn = Plan::new(width, height, transform, rng);
@@ -448,7 +455,7 @@ mod tests {
         make_tree(dir.path());
         let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
         let order = vec![7, 2, 10, 0, 5, 3, 9, 1, 8, 4, 6];
-        let t = Transform::Train { size: 12, augment: Augment::default() };
+        let t = Transform::train(12, Augment::default());
         let run = |workers| {
             let loader = Loader::new(
                 Arc::clone(&data),
@@ -492,7 +499,7 @@ mod tests {
         let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
         assert_eq!(data.classes(), ["ants", "bees"]);
         let order: Vec<usize> = (0..data.len()).rev().collect();
-        let t = Transform::Eval { size: 8, resize: 10 };
+        let t = Transform::eval(8, 10);
         let batches = collect(Loader::new(Arc::clone(&data), order, t, 0, 0, 0, options(3, 2, false)));
         let mut seen = 0;
         for (_, labels, indices, _) in &batches {
@@ -515,7 +522,7 @@ mod tests {
             .save(dir.path().join("a/x.png"))
             .unwrap();
         let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
-        let t = Transform::Eval { size: 8, resize: 9 };
+        let t = Transform::eval(8, 9);
         let batches = collect(Loader::new(data, vec![0, 0], t, 0, 0, 0, options(2, 1, false)));
         let images = &batches[0].0;
         assert_eq!(batches[0].3, vec![2, 3, 8, 8]);
@@ -534,7 +541,7 @@ mod tests {
         make_tree(dir.path());
         let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
         let order: Vec<usize> = (0..11).collect();
-        let t = Transform::Train { size: 8, augment: Augment::default() };
+        let t = Transform::train(8, Augment::default());
         let full =
             collect(Loader::new(Arc::clone(&data), order.clone(), t.clone(), 1, 0, 0, options(3, 0, true)));
         assert_eq!(full.len(), 3); // 11 / 3, last partial dropped
@@ -561,7 +568,7 @@ mod tests {
         make_tree(dir.path());
         std::fs::write(dir.path().join("ants/00.png"), b"garbage").unwrap();
         let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
-        let t = Transform::Eval { size: 8, resize: 8 };
+        let t = Transform::eval(8, 8);
         let order: Vec<usize> = (0..11).collect();
         for workers in [0, 2] {
             let got = collect(Loader::new(
@@ -585,7 +592,7 @@ mod tests {
         std::fs::write(&bad, b"\x89PNG\r\n\x1a\n truncated").unwrap();
         let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
         let bad_index = (0..data.len()).position(|i| data.describe(i) == bad.display().to_string()).unwrap();
-        let t = Transform::Eval { size: 8, resize: 8 };
+        let t = Transform::eval(8, 8);
         let order: Vec<usize> = (0..11).collect();
         for workers in [0, 1, 3] {
             let mut loader =
@@ -606,7 +613,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         make_tree(dir.path());
         let clean: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
-        let t = Transform::Train { size: 8, augment: Augment::default() };
+        let t = Transform::train(8, Augment::default());
         let order: Vec<usize> = (0..11).rev().collect();
         let skip = |workers| LoaderOptions { skip_bad_samples: true, ..options(4, workers, false) };
         let expected = collect(Loader::new(Arc::clone(&clean), order.clone(), t.clone(), 5, 1, 0, skip(0)));
@@ -654,7 +661,7 @@ mod tests {
         make_tree(dir.path());
         let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
         let order: Vec<usize> = (0..11).cycle().take(400).collect();
-        let t = Transform::Train { size: 16, augment: Augment::default() };
+        let t = Transform::train(16, Augment::default());
         let mut loader = Loader::new(
             Arc::clone(&data),
             order,
@@ -685,7 +692,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         make_tree(dir.path());
         let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
-        let t = Transform::Eval { size: 8, resize: 8 };
+        let t = Transform::eval(8, 8);
         let mut loader = Loader::new(Arc::clone(&data), vec![0, 1], t.clone(), 0, 0, 0, options(0, 2, false));
         assert!(matches!(loader.next(), Some(Err(DataError::InvalidOptions { .. }))));
         assert!(loader.next().is_none());
@@ -744,7 +751,7 @@ mod tests {
                 seen: Default::default(),
             });
             let data: Arc<dyn Dataset> = probe.clone();
-            let t = Transform::Train { size: 4, augment: Augment::default() };
+            let t = Transform::train(4, Augment::default());
             let loader = Loader::new(
                 data,
                 vec![0, 1, 2, 3],

@@ -3,6 +3,7 @@
 //! batch loader that feeds training. Getting data in (the built-in synthetic set, IDX import,
 //! downloads, archive extraction) is [`ingest`]'s.
 
+pub mod autoaugment;
 pub mod dataset;
 pub mod decode;
 pub mod folder;

@@ -16,6 +16,8 @@ use rand_chacha::ChaCha8Rng;
 
 use image::RgbImage;
 
+use crate::data::autoaugment::Policy;
+
 /// Per-channel mean of ImageNet in `[0, 1]` RGB, as used by torchvision's reference models.
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
 /// Per-channel standard deviation of ImageNet in `[0, 1]` RGB.
@@ -40,32 +42,48 @@ impl Default for Augment {
     }
 }
 
-/// What to do to each image before it enters a batch.
+/// How an image becomes `size` x `size` pixels.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Transform {
-    /// Random resized crop to `size`×`size` (plus optional flip).
-    Train {
-        /// Output side length in pixels.
-        size: u32,
-        /// Augmentation parameters.
-        augment: Augment,
-    },
-    /// `Resize(resize)` (shorter side to `resize`, aspect kept) then `CenterCrop(size)`.
-    Eval {
-        /// Output side length in pixels.
-        size: u32,
-        /// Length the shorter side is resized to before cropping (torchvision uses 256 for
-        /// a 224 crop).
-        resize: u32,
-    },
+pub enum Geometry {
+    /// Training's `RandomResizedCrop(size, scale, ratio)` (plus the optional flip).
+    RandomResizedCrop(Augment),
+    /// Evaluation's `Resize(resize)` (shorter side to `resize`, aspect kept) then
+    /// `CenterCrop(size)`; torchvision uses 256 for a 224 crop.
+    ResizeCenterCrop { resize: u32 },
+    /// `Resize((size, size))`: the whole image squeezed to the square, aspect not kept (the
+    /// DesignSafe tutorial's transform), then, when `hflip`, `RandomHorizontalFlip(0.5)`.
+    Resize { hflip: bool },
+}
+
+/// What to do to each image before it enters a batch: the automatic augmentation policy (on
+/// the decoded image, as the DesignSafe tutorial's `AutoAugment()` before `Resize`), the
+/// geometry, then `ToTensor`, then (when `normalize`) `Normalize` with ImageNet's mean and
+/// standard deviation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transform {
+    /// Output side length: every image becomes `3 x size x size` values.
+    pub size: u32,
+    /// AutoAugment, RandAugment or TrivialAugmentWide; it needs the whole decoded image.
+    pub policy: Option<Policy>,
+    pub geometry: Geometry,
+    /// `Normalize(IMAGENET_MEAN, IMAGENET_STD)` after `ToTensor`; off, values are in [0, 1].
+    pub normalize: bool,
 }
 
 impl Transform {
+    /// torchvision's training transform: random resized crop (and flip), normalised.
+    pub fn train(size: u32, augment: Augment) -> Self {
+        Self { size, policy: None, geometry: Geometry::RandomResizedCrop(augment), normalize: true }
+    }
+
+    /// torchvision's evaluation transform: resize, centre crop, normalised.
+    pub fn eval(size: u32, resize: u32) -> Self {
+        Self { size, policy: None, geometry: Geometry::ResizeCenterCrop { resize }, normalize: true }
+    }
+
     /// Output side length: every image becomes `3 × size × size` values.
     pub fn size(&self) -> u32 {
-        match self {
-            Self::Train { size, .. } | Self::Eval { size, .. } => *size,
-        }
+        self.size
     }
 
     /// Number of `f32` values [`apply`] writes per image.
@@ -171,11 +189,14 @@ pub fn random_resized_crop(height: u32, width: u32, augment: &Augment, rng: &mut
 }
 
 /// Transforms `image` and writes the normalised CHW result (`3 * size * size` values, RGB
-/// planes) into `out`. `rng` is consumed only by [`Transform::Train`].
+/// planes) into `out`. `rng` is consumed by the policy's choices, then the random geometry
+/// (crop, flip).
 ///
 /// # Panics
 /// If `out.len()` differs from [`Transform::output_len`] — a caller bug, not bad input.
 pub fn apply(image: &RgbImage, transform: &Transform, rng: &mut ChaCha8Rng, out: &mut [f32]) {
+    let augmented = transform.policy.map(|policy| policy.apply(image, rng));
+    let image = augmented.as_ref().unwrap_or(image);
     let (width, height) = image.dimensions();
     let plan = Plan::new(width, height, transform, rng);
     plan.render(image.as_raw(), Crop { top: 0, left: 0, height, width }, out);
@@ -191,6 +212,8 @@ pub struct Plan {
     size: usize,
     /// Columns, rows and whether to flip; `None` when the output is all black (an empty image).
     resample: Option<(Axis, Axis, bool)>,
+    /// ImageNet normalisation after scaling to [0, 1].
+    normalize: bool,
 }
 
 impl Plan {
@@ -199,33 +222,38 @@ impl Plan {
         let size = transform.size();
         if size == 0 || width == 0 || height == 0 {
             // Nothing to sample: the output is the normalised black that padding would give.
-            return Self { size: size as usize, resample: None };
+            return Self { size: size as usize, resample: None, normalize: transform.normalize };
         }
-        match transform {
-            Transform::Train { augment, .. } => {
+        let plan = match &transform.geometry {
+            Geometry::RandomResizedCrop(augment) => {
                 let crop = random_resized_crop(height, width, augment, rng);
                 // torch draws the flip after the crop; keep that order.
                 let flip = augment.hflip && rng.random::<f64>() < 0.5;
                 Self::resized_crop(crop, size, flip)
             }
-            Transform::Eval { resize, .. } => {
+            Geometry::ResizeCenterCrop { resize } => {
                 let (new_w, new_h) = resized_dims(width, height, *resize);
                 let x = Axis::new(0, width, new_w, center_offset(new_w, size), size);
                 let y = Axis::new(0, height, new_h, center_offset(new_h, size), size);
-                Self { size: size as usize, resample: Some((x, y, false)) }
+                Self { size: size as usize, resample: Some((x, y, false)), normalize: true }
             }
-        }
+            Geometry::Resize { hflip } => {
+                let flip = *hflip && rng.random::<f64>() < 0.5;
+                Self::resized_crop(Crop { top: 0, left: 0, height, width }, size, flip)
+            }
+        };
+        Self { normalize: transform.normalize, ..plan }
     }
 
     /// torchvision's `resized_crop(image, top, left, height, width, [size, size])`, flipped
     /// horizontally when `flip`: the training transform with its random draws given.
     pub fn resized_crop(crop: Crop, size: u32, flip: bool) -> Self {
         if size == 0 || crop.width == 0 || crop.height == 0 {
-            return Self { size: size as usize, resample: None };
+            return Self { size: size as usize, resample: None, normalize: true };
         }
         let x = Axis::new(crop.left, crop.width, size, 0, size);
         let y = Axis::new(crop.top, crop.height, size, 0, size);
-        Self { size: size as usize, resample: Some((x, y, flip)) }
+        Self { size: size as usize, resample: Some((x, y, flip)), normalize: true }
     }
 
     /// The rectangle of source pixels the output reads (the crop, widened by the filter's
@@ -258,9 +286,10 @@ impl Plan {
             region.width as usize * region.height as usize * 3,
             "pixels do not match their region"
         );
+        let table = table(self.normalize);
         match &self.resample {
-            Some((x, y, flip)) => resample(pixels, region, x, y, *flip, self.size, out),
-            None => fill_black(out, self.size),
+            Some((x, y, flip)) => resample(pixels, region, x, y, Sink::new(out, self.size, *flip, table)),
+            None => Sink::new(out, self.size, false, table).fill_black(),
         }
     }
 }
@@ -410,31 +439,29 @@ impl Axis {
     }
 }
 
-/// Lookup table from an 8-bit channel value to torchvision's `(v / 255 - mean) / std`,
-/// computed in `f32` exactly as `ToTensor` + `Normalize` compute it.
-fn normalise_table() -> [[f32; 256]; 3] {
+/// Per-channel lookup from an 8-bit value to the network's input.
+type Table = [[f32; 256]; 3];
+
+/// Lookup table from an 8-bit channel value to torchvision's `v / 255` (`ToTensor`), then
+/// `(x - mean) / std` when `normalize`, computed in `f32` exactly as torchvision computes it.
+fn value_table(normalize: bool) -> Table {
     let mut table = [[0f32; 256]; 3];
     for (c, plane) in table.iter_mut().enumerate() {
         for (v, slot) in plane.iter_mut().enumerate() {
-            *slot = (v as f32 / 255.0 - IMAGENET_MEAN[c]) / IMAGENET_STD[c];
+            let x = v as f32 / 255.0;
+            *slot = if normalize { (x - IMAGENET_MEAN[c]) / IMAGENET_STD[c] } else { x };
         }
     }
     table
 }
 
-/// The table is 3 KiB and the same for every image: build it once per process.
-fn table() -> &'static [[f32; 256]; 3] {
-    static TABLE: std::sync::OnceLock<[[f32; 256]; 3]> = std::sync::OnceLock::new();
-    TABLE.get_or_init(normalise_table)
-}
-
-fn fill_black(out: &mut [f32], size: usize) {
-    if size == 0 {
-        return;
-    }
-    let table = table();
-    for (c, plane) in out.chunks_exact_mut(size * size).enumerate() {
-        plane.fill(table[c][0]);
+/// The tables are 3 KiB each and the same for every image: build them once per process.
+fn table(normalize: bool) -> &'static Table {
+    static NORMALIZED: std::sync::OnceLock<Table> = std::sync::OnceLock::new();
+    static PLAIN: std::sync::OnceLock<Table> = std::sync::OnceLock::new();
+    match normalize {
+        true => NORMALIZED.get_or_init(|| value_table(true)),
+        false => PLAIN.get_or_init(|| value_table(false)),
     }
 }
 
@@ -449,13 +476,14 @@ fn fill_black(out: &mut [f32], size: usize) {
 /// Pillow always went horizontal first; that differs by at most one level on some pixels.)
 ///
 /// `src` holds the packed RGB rows of `region`, which contains every source pixel read.
-fn resample(src: &[u8], region: Crop, x: &Axis, y: &Axis, flip: bool, size: usize, out: &mut [f32]) {
+fn resample(src: &[u8], region: Crop, x: &Axis, y: &Axis, mut sink: Sink) {
+    let size = sink.size;
     let shrink_h = i64::from(y.src_len) - i64::from(y.dst_len);
     let shrink_w = i64::from(x.src_len) - i64::from(x.dst_len);
     let (lo, hi) = (x.source_range(), y.source_range());
     let Some(((col_lo, col_hi), (row_lo, row_hi))) = lo.zip(hi) else {
         // Every output pixel is padding.
-        fill_black(out, size);
+        sink.fill_black();
         return;
     };
     let (top, left, width) = (region.top as usize, region.left as usize, region.width as usize);
@@ -465,7 +493,6 @@ fn resample(src: &[u8], region: Crop, x: &Axis, y: &Axis, flip: bool, size: usiz
     );
     let src_stride = width * 3;
     let row_len = size * 3;
-    let mut sink = Sink::new(out, size, flip);
     // Padding columns have no taps (or all-zero weights), so both passes leave them at 0:
     // black, as torchvision's zero padding is. Padding rows are filled explicitly.
     if shrink_h > 0 && shrink_h > 2 * shrink_w {
@@ -598,16 +625,23 @@ struct Sink<'a> {
     red: &'a mut [f32],
     green: &'a mut [f32],
     blue: &'a mut [f32],
-    table: &'static [[f32; 256]; 3],
+    table: &'static Table,
     size: usize,
     flip: bool,
 }
 
 impl<'a> Sink<'a> {
-    fn new(out: &'a mut [f32], size: usize, flip: bool) -> Self {
+    fn new(out: &'a mut [f32], size: usize, flip: bool, table: &'static Table) -> Self {
         let (red, rest) = out.split_at_mut(size * size);
         let (green, blue) = rest.split_at_mut(size * size);
-        Self { red, green, blue, table: table(), size, flip }
+        Self { red, green, blue, table, size, flip }
+    }
+
+    /// Every output pixel black, as padding gives.
+    fn fill_black(&mut self) {
+        self.red.fill(self.table[0][0]);
+        self.green.fill(self.table[1][0]);
+        self.blue.fill(self.table[2][0]);
     }
 
     /// Stores one output row of interleaved 8-bit RGB.
@@ -655,7 +689,7 @@ mod tests {
     #[test]
     fn eval_of_constant_image_is_the_normalised_constant() {
         let img = RgbImage::from_pixel(37, 23, image::Rgb([200, 17, 90]));
-        let t = Transform::Eval { size: 16, resize: 19 };
+        let t = Transform::eval(16, 19);
         let mut out = vec![f32::NAN; t.output_len()];
         apply(&img, &t, &mut sample_rng(0, 0, 0), &mut out);
         for (c, v) in [200u8, 17, 90].into_iter().enumerate() {
@@ -667,7 +701,7 @@ mod tests {
     #[test]
     fn train_of_constant_image_is_the_normalised_constant() {
         let img = RgbImage::from_pixel(50, 31, image::Rgb([3, 128, 255]));
-        let t = Transform::Train { size: 12, augment: Augment::default() };
+        let t = Transform::train(12, Augment::default());
         let mut out = vec![0f32; t.output_len()];
         for i in 0..20 {
             apply(&img, &t, &mut sample_rng(1, 2, i), &mut out);
@@ -686,7 +720,7 @@ mod tests {
         for (x, y, p) in img.enumerate_pixels_mut() {
             *p = image::Rgb([(x * 20) as u8, (y * 10) as u8, 7]);
         }
-        let t = Transform::Eval { size: 8, resize: 9 };
+        let t = Transform::eval(8, 9);
         assert_eq!(resized_dims(10, 20, 9), (9, 18));
         assert_eq!(center_offset(9, 8), 0);
         assert_eq!(center_offset(18, 8), 5);
@@ -714,7 +748,7 @@ mod tests {
     fn eval_pads_when_the_crop_is_larger_than_the_image() {
         // Resize(4) of a 4×4 image is itself; CenterCrop(6) pads one pixel on every side.
         let img = RgbImage::from_pixel(4, 4, image::Rgb([255, 255, 255]));
-        let t = Transform::Eval { size: 6, resize: 4 };
+        let t = Transform::eval(6, 4);
         let mut out = vec![0f32; t.output_len()];
         apply(&img, &t, &mut sample_rng(0, 0, 0), &mut out);
         let red = &out[..36];
@@ -736,9 +770,9 @@ mod tests {
         let x = Axis::new(0, 5, 5, 0, 3);
         let y = Axis::new(0, 3, 3, 0, 3);
         let mut out = vec![0f32; 27];
-        resample(img.as_raw(), whole(&img), &x, &y, false, 3, &mut out);
+        resample(img.as_raw(), whole(&img), &x, &y, Sink::new(&mut out, 3, false, table(true)));
         let mut flipped = vec![0f32; 27];
-        resample(img.as_raw(), whole(&img), &x, &y, true, 3, &mut flipped);
+        resample(img.as_raw(), whole(&img), &x, &y, Sink::new(&mut flipped, 3, true, table(true)));
         for yy in 0..3 {
             for xx in 0..3 {
                 let p = img.get_pixel(xx as u32, yy as u32).0;
@@ -758,7 +792,7 @@ mod tests {
         });
         let (xa, ya) = (Axis::new(0, w, 5, 0, 5), Axis::new(0, h, 5, 0, 5));
         let mut out = vec![0f32; 75];
-        resample(img.as_raw(), whole(&img), &xa, &ya, false, 5, &mut out);
+        resample(img.as_raw(), whole(&img), &xa, &ya, Sink::new(&mut out, 5, false, table(true)));
         let back = |c: usize, v: f32| (0..=255u8).find(|&u| normalised(c, u) == v).unwrap();
         let red = out[..25].iter().map(|&v| back(0, v)).collect();
         let green = out[25..50].iter().map(|&v| back(1, v)).collect();
@@ -850,13 +884,13 @@ mod tests {
         let black: Vec<f32> = (0..3).flat_map(|c| vec![normalised(c, 0); 16]).collect();
         let mut rng = sample_rng(0, 0, 0);
         let mut out = vec![1f32; 48];
-        apply(&RgbImage::new(0, 0), &Transform::Eval { size: 4, resize: 4 }, &mut rng, &mut out);
+        apply(&RgbImage::new(0, 0), &Transform::eval(4, 4), &mut rng, &mut out);
         assert_eq!(out, black);
         let mut out = vec![1f32; 48];
         let img = RgbImage::from_pixel(5, 5, image::Rgb([9, 9, 9]));
-        apply(&img, &Transform::Eval { size: 4, resize: 0 }, &mut rng, &mut out);
+        apply(&img, &Transform::eval(4, 0), &mut rng, &mut out);
         assert_eq!(out, black);
-        apply(&img, &Transform::Train { size: 0, augment: Augment::default() }, &mut rng, &mut []);
+        apply(&img, &Transform::train(0, Augment::default()), &mut rng, &mut []);
         let c = random_resized_crop(0, 7, &Augment::default(), &mut rng);
         assert_eq!((c.width, c.height), (0, 0));
     }
@@ -879,7 +913,7 @@ mod tests {
         for (x, y, p) in img.enumerate_pixels_mut() {
             *p = image::Rgb([(x * 4) as u8, (y * 5) as u8, ((x * y) % 256) as u8]);
         }
-        let t = Transform::Train { size: 32, augment: Augment::default() };
+        let t = Transform::train(32, Augment::default());
         let run = |i| {
             let mut out = vec![0f32; t.output_len()];
             apply(&img, &t, &mut sample_rng(5, 1, i), &mut out);

@@ -5,15 +5,18 @@
 //! when the class count differs), freezing the backbone, and exporting a state dict that
 //! `torchvision.models.resnetXX(num_classes=K).load_state_dict` accepts as is.
 
+pub mod batchnorm;
 pub mod flops;
 pub mod precision;
 pub mod resnet;
+pub mod weights;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::batchnorm::{SumOverRanks, SyncGroup};
 use crate::model::resnet::ResNet;
 use crate::util::tensor_io::{self, TensorIoError};
 use tch::nn::{ModuleT, VarStore};
@@ -66,6 +69,16 @@ pub enum ModelError {
     Incompatible { path: PathBuf, arch: Arch, problems: String },
     #[error("model {arch} with {num_classes} classes: {source}")]
     Torch { arch: Arch, num_classes: usize, source: tch::TchError },
+    /// Boxed: a failed download's error is large, and every result that can hold a
+    /// ModelError would carry its size.
+    #[error(transparent)]
+    Weights(Box<weights::WeightsError>),
+}
+
+impl From<weights::WeightsError> for ModelError {
+    fn from(error: weights::WeightsError) -> Self {
+        ModelError::Weights(Box::new(error))
+    }
 }
 
 /// What loading a pretrained state dict did, for the log.
@@ -86,6 +99,8 @@ pub struct Model {
     pub head_hidden: Vec<usize>,
     pub vs: VarStore,
     net: ResNet,
+    /// Set by [`Model::sync_batchnorm`]: the job whose batches BatchNorm's statistics cover.
+    sync: SyncGroup,
     /// BatchNorm uses its running statistics even in training (see `freeze_batchnorm`).
     batchnorm_frozen: bool,
 }
@@ -116,9 +131,17 @@ impl Model {
             Arch::Resnet152 => ([3, 8, 36, 3], true),
         };
         let hidden: Vec<i64> = head_hidden.iter().map(|&w| i64::try_from(w).unwrap_or(i64::MAX)).collect();
-        let net = ResNet::new(&root, blocks, bottleneck, classes, &hidden);
-        let model =
-            Model { arch, num_classes, head_hidden: head_hidden.to_vec(), vs, net, batchnorm_frozen: false };
+        let sync = SyncGroup::default();
+        let net = ResNet::new(&root, blocks, bottleneck, classes, &hidden, &sync);
+        let model = Model {
+            arch,
+            num_classes,
+            head_hidden: head_hidden.to_vec(),
+            vs,
+            net,
+            sync,
+            batchnorm_frozen: false,
+        };
         model.init_like_torchvision().map_err(torch_err)?;
         Ok(model)
     }
@@ -143,6 +166,14 @@ impl Model {
             }
             Ok(())
         })
+    }
+
+    /// SyncBatchNorm (`model.sync_batchnorm`): from now on, BatchNorm in training mode takes its
+    /// statistics over the batches of every rank, summing per-channel values with
+    /// `sum_over_ranks` (which every rank must reach in the same order).
+    pub fn sync_batchnorm(&self, sum_over_ranks: SumOverRanks) {
+        // Set once per model; a second call keeps the first, which serves the same job.
+        let _ = self.sync.set(sum_over_ranks);
     }
 
     pub fn forward_t(&self, images: &Tensor, train: bool) -> Tensor {
@@ -181,11 +212,12 @@ impl Model {
         }
     }
 
-    /// Loads a torchvision-format state dict. Tensors of the head whose shape differs (another
-    /// class count) keep their fresh initialisation; any other missing, extra or mismatched
-    /// tensor is an error, since it means the file is for another architecture.
+    /// Loads a torchvision-format state dict, from safetensors or a `torch.save` `.pth`. Tensors
+    /// of the head whose shape differs (another class count) keep their fresh initialisation;
+    /// any other missing, extra or mismatched tensor is an error, since it means the file is
+    /// for another architecture.
     pub fn load_pretrained(&self, path: &Path) -> Result<LoadReport, ModelError> {
-        let mut file = tensor_io::read_safetensors(path)?.tensors;
+        let mut file = weights::read_state_dict(path)?;
         let mut report = LoadReport::default();
         let mut problems = Vec::new();
         let mut pairs = Vec::new();

@@ -6,23 +6,21 @@
 //! activation. In place is safe for autograd where torchvision does it: after BatchNorm, whose
 //! backward pass does not read its output.
 
-use tch::nn::{self, BatchNorm, Conv2D, ModuleT};
+use tch::nn::{self, Conv2D, ModuleT};
 use tch::Tensor;
+
+use crate::model::batchnorm::{Norm, SyncGroup};
 
 fn conv(p: nn::Path, c_in: i64, c_out: i64, kernel: i64, stride: i64) -> Conv2D {
     let config = nn::ConvConfig { stride, padding: kernel / 2, bias: false, ..Default::default() };
     nn::conv2d(p, c_in, c_out, kernel, config)
 }
 
-fn bn(p: nn::Path, channels: i64) -> BatchNorm {
-    nn::batch_norm2d(p, channels, Default::default())
-}
-
 /// conv -> BatchNorm, the unit every block is made of.
 #[derive(Debug)]
 struct ConvBn {
     conv: Conv2D,
-    bn: BatchNorm,
+    bn: Norm,
 }
 
 impl ConvBn {
@@ -39,7 +37,14 @@ struct Block {
 }
 
 impl Block {
-    fn new(p: &nn::Path, c_in: i64, width: i64, stride: i64, bottleneck: bool) -> (Block, i64) {
+    fn new(
+        p: &nn::Path,
+        c_in: i64,
+        width: i64,
+        stride: i64,
+        bottleneck: bool,
+        sync: &SyncGroup,
+    ) -> (Block, i64) {
         let (shapes, c_out): (Vec<(i64, i64, i64, i64)>, i64) = if bottleneck {
             (vec![(c_in, width, 1, 1), (width, width, 3, stride), (width, 4 * width, 1, 1)], 4 * width)
         } else {
@@ -50,12 +55,12 @@ impl Block {
             .enumerate()
             .map(|(i, (a, b, k, s))| ConvBn {
                 conv: conv(p / format!("conv{}", i + 1), a, b, k, s),
-                bn: bn(p / format!("bn{}", i + 1), b),
+                bn: Norm::new(p / format!("bn{}", i + 1), b, sync),
             })
             .collect();
         let downsample = (stride != 1 || c_in != c_out).then(|| ConvBn {
             conv: conv(p / "downsample" / "0", c_in, c_out, 1, stride),
-            bn: bn(p / "downsample" / "1", c_out),
+            bn: Norm::new(p / "downsample" / "1", c_out, sync),
         });
         (Block { convs, downsample }, c_out)
     }
@@ -81,7 +86,7 @@ impl Block {
 #[derive(Debug)]
 pub struct ResNet {
     conv1: Conv2D,
-    bn1: BatchNorm,
+    bn1: Norm,
     layers: Vec<Vec<Block>>,
     /// torchvision's `fc`: one Linear, or with hidden widths an `nn.Sequential` of Linear and
     /// ReLU layers whose Linear ones are `fc.0`, `fc.2`, ... (the ReLUs hold no tensors).
@@ -90,12 +95,14 @@ pub struct ResNet {
 
 impl ResNet {
     /// `blocks` per stage, e.g. [2, 2, 2, 2] for ResNet-18; `bottleneck` for ResNet-50 and up.
+    /// Every BatchNorm layer shares `sync`, which turns them into SyncBatchNorm once set.
     pub fn new(
         p: &nn::Path,
         blocks: [usize; 4],
         bottleneck: bool,
         num_classes: i64,
         head_hidden: &[i64],
+        sync: &SyncGroup,
     ) -> ResNet {
         let mut channels = 64;
         let mut layers = Vec::new();
@@ -106,7 +113,7 @@ impl ResNet {
             for index in 0..count {
                 let stride = if index == 0 && stage > 0 { 2 } else { 1 };
                 let (block, c_out) =
-                    Block::new(&(&layer / index.to_string()), channels, width, stride, bottleneck);
+                    Block::new(&(&layer / index.to_string()), channels, width, stride, bottleneck, sync);
                 channels = c_out;
                 stage_blocks.push(block);
             }
@@ -114,7 +121,7 @@ impl ResNet {
         }
         ResNet {
             conv1: conv(p / "conv1", 3, 64, 7, 2),
-            bn1: bn(p / "bn1", 64),
+            bn1: Norm::new(p / "bn1", 64, sync),
             layers,
             fc: head(&(p / "fc"), channels, head_hidden, num_classes),
         }

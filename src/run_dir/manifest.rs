@@ -18,6 +18,7 @@ use super::RunPaths;
 use crate::cluster::runtime::{self, Probe};
 use crate::config::Config;
 use crate::data::dataset::Dataset;
+use crate::model::weights::StartingWeights;
 use crate::util::tensor_io::{self, TensorIoError};
 
 /// The libtorch release tch 0.26 is built against (scripts/setup installs exactly this).
@@ -48,6 +49,10 @@ pub struct Manifest {
     pub container: Container,
     pub job: Job,
     pub data: Vec<DataSplit>,
+    /// The weights training started from (`model.weights` or `model.pretrained`): which,
+    /// from where, and the file's sha256. None: a fresh initialisation.
+    #[serde(default)]
+    pub starting_weights: Option<StartingWeights>,
     pub started: String,
     pub updated: String,
     pub finished: Option<String>,

@@ -17,7 +17,7 @@ pub mod policy;
 pub mod step;
 pub mod trainer;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -30,6 +30,7 @@ use crate::cluster::{self, Communicator, DistError};
 use crate::data::dataset::{DataError, Dataset};
 use crate::data::shards::ShardError;
 use crate::model::precision::ShimError;
+use crate::model::weights::{self, HubFile, StartingWeights};
 use crate::model::{Model, ModelError};
 use crate::plan::{PlanError, RunPlan};
 use crate::run_dir::checkpoint::{CheckpointError, EpochTotals};
@@ -92,8 +93,14 @@ pub enum TrainError {
 pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Result<Summary, TrainError> {
     let (started, started_at) = (Instant::now(), manifest::now());
     let data = Splits::open(plan)?;
-    let model = build_model(plan, &data)?;
+    let (model, starting_weights) = build_model(plan, &data)?;
     broadcast_weights(comm.as_ref(), &model);
+    // Also in a job of one, where the sum is the identity: the same arithmetic at every world
+    // size, so runs at different sizes stay comparable.
+    if plan.config.model.sync_batchnorm && !plan.config.model.freeze_batchnorm {
+        let comm = Arc::clone(comm);
+        model.sync_batchnorm(Box::new(move |values| comm.all_reduce_sum_f64_in_model(values)));
+    }
     let steps_per_epoch = plan.steps_per_epoch(data.train.len(), data.train.root())?;
     let mut trainer = Trainer::new(plan, &model, data.classes(), steps_per_epoch);
     let hosts = cluster::gather_strings(comm.as_ref(), &plan.topology.host);
@@ -105,7 +112,10 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     };
     out.start(&plan.config, resume_from.is_some().then_some((position.global_step, position.epoch)))?;
     if out.writes() {
-        out.start_manifest(run_manifest(plan, &data, started_at, hosts, comm.as_ref())?, position.epoch)?;
+        out.start_manifest(
+            run_manifest(plan, &data, started_at, hosts, starting_weights, comm.as_ref())?,
+            position.epoch,
+        )?;
     }
     trainer.sync = join_gradient_sync(plan, &model, comm)?;
     log_start(plan, &data, steps_per_epoch, out.paths());
@@ -188,18 +198,19 @@ impl Splits {
     }
 }
 
-/// The model as configured: seeded initialisation, pretrained weights, frozen parts, and the
-/// plan's memory format.
-fn build_model(plan: &RunPlan, data: &Splits) -> Result<Model, TrainError> {
+/// The model as configured: seeded initialisation, starting weights, frozen parts, and the
+/// plan's memory format. Returns what the weights started from, for the manifest.
+fn build_model(plan: &RunPlan, data: &Splits) -> Result<(Model, Option<StartingWeights>), TrainError> {
     let m = &plan.config.model;
     tch::manual_seed(i64::from_ne_bytes(plan.config.run.seed.to_ne_bytes()));
     let mut model = Model::with_head(m.arch, data.classes().len(), &m.head_hidden, plan.compute.device)?;
-    if let Some(path) = &m.pretrained {
-        let report = model.load_pretrained(path)?;
+    let starting = starting_weights(plan)?;
+    if let Some(start) = &starting {
+        let report = model.load_pretrained(&start.path)?;
         tracing::info!(
             "loaded {} tensors from {}; re-initialised {:?}; ignored {} (num_batches_tracked counters, the file's own head)",
             report.loaded,
-            path.display(),
+            start.path.display(),
             report.reinitialised,
             report.ignored.len()
         );
@@ -218,7 +229,31 @@ fn build_model(plan: &RunPlan, data: &Splits) -> Result<Model, TrainError> {
         plan.threads,
         plan.loader_workers
     );
-    Ok(model)
+    Ok((model, starting))
+}
+
+/// The file the weights start from: `model.pretrained`, or `model.weights` from PyTorch's cache,
+/// downloaded there if missing. Published weights are fetched and read by rank 0 only, since
+/// every rank starts from rank 0's weights anyway ([`broadcast_weights`]): compute nodes
+/// without internet or without the cache need nothing but rank 0's node.
+fn starting_weights(plan: &RunPlan) -> Result<Option<StartingWeights>, TrainError> {
+    let m = &plan.config.model;
+    let hash = |path: &Path| weights::file_sha256(path).map_err(ModelError::from);
+    if let Some(path) = &m.pretrained {
+        let sha256 = if plan.topology.is_root() { hash(path)? } else { String::new() };
+        return Ok(Some(StartingWeights { name: None, url: None, path: path.clone(), sha256 }));
+    }
+    let Some(name) = m.weights.as_deref().filter(|_| plan.topology.is_root()) else {
+        return Ok(None);
+    };
+    let file = HubFile::resolve(m.arch, name).map_err(ModelError::from)?;
+    let path = weights::fetch_to_cache(m.arch, &file, &m.weights_url, false).map_err(ModelError::from)?;
+    Ok(Some(StartingWeights {
+        name: Some(file.name.clone()),
+        url: Some(file.url(&m.weights_url)),
+        sha256: hash(&path)?,
+        path,
+    }))
 }
 
 /// Every rank starts from rank 0's weights, whatever its seed or file system did. A collective.
@@ -312,6 +347,7 @@ fn run_manifest(
     data: &Splits,
     started: String,
     hosts: Vec<String>,
+    starting_weights: Option<StartingWeights>,
     comm: &dyn Communicator,
 ) -> Result<Manifest, TrainError> {
     let config = &plan.config;
@@ -354,6 +390,7 @@ fn run_manifest(
             threads_per_rank: plan.threads,
         },
         data: splits,
+        starting_weights,
         started,
         updated: String::new(),
         finished: None,

@@ -1,7 +1,7 @@
 //! The Rust side of the C++ shim (`src/shim/shim.cpp`, compiled by build.rs): what tch does not
-//! expose (CPU autocast, memory formats, deterministic mode, gradient hooks). Every shim
-//! function catches its C++ exceptions and returns them as a message, which [`check`] turns
-//! into a [`ShimError`].
+//! expose (CPU autocast, memory formats, deterministic mode, gradient hooks, SyncBatchNorm,
+//! `torch.save` files). Every shim function catches its C++ exceptions and returns them as a
+//! message, which [`check`] turns into a [`ShimError`].
 
 use std::ffi::{c_char, CStr};
 
@@ -10,6 +10,8 @@ pub(crate) mod ffi {
     use torch_sys::C_tensor;
 
     pub type GradReadyFn = extern "C" fn(context: *mut c_void, index: usize);
+    pub type AllReduceFn = extern "C" fn(context: *mut c_void, data: *mut f64, len: usize);
+    pub type NamedTensorFn = extern "C" fn(context: *mut c_void, name: *const c_char, tensor: *mut C_tensor);
 
     extern "C" {
         pub fn rtrain_shim_free(message: *mut c_char);
@@ -27,6 +29,24 @@ pub(crate) mod ffi {
             handle: *mut *mut c_void,
         ) -> *mut c_char;
         pub fn rtrain_grad_ready_hook_free(handle: *mut c_void);
+        #[allow(clippy::too_many_arguments)]
+        pub fn rtrain_sync_batch_norm(
+            input: *const C_tensor,
+            weight: *const C_tensor,
+            bias: *const C_tensor,
+            running_mean: *mut C_tensor,
+            running_var: *mut C_tensor,
+            momentum: f64,
+            eps: f64,
+            all_reduce: AllReduceFn,
+            context: *mut c_void,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
+        pub fn rtrain_load_state_dict(
+            path: *const c_char,
+            each: NamedTensorFn,
+            context: *mut c_void,
+        ) -> *mut c_char;
     }
 }
 

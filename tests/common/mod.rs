@@ -125,3 +125,43 @@ pub fn mpirun(dir: &Path) -> Command {
         .args(["--mca", "btl", "self,vader", "--mca", "btl_vader_single_copy_mechanism", "none"]);
     command
 }
+
+/// A loopback HTTP server for the files of `dir` (GET only, one request per connection), on a
+/// port of its own; it runs until the test process ends. Returns its base URL.
+pub fn serve_dir(dir: &Path) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(&stream);
+            let mut request = String::new();
+            if reader.read_line(&mut request).is_err() {
+                continue;
+            }
+            // Skip the headers.
+            let mut line = String::new();
+            while reader.read_line(&mut line).map(|n| n > 2).unwrap_or(false) {
+                line.clear();
+            }
+            let path = request.split_whitespace().nth(1).unwrap_or("/").trim_start_matches('/').to_string();
+            let mut stream = &stream;
+            match std::fs::read(dir.join(&path)) {
+                Ok(body) if !path.contains("..") => {
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(&body));
+                }
+                _ => {
+                    let _ = stream.write_all(
+                        b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                    );
+                }
+            }
+        }
+    });
+    url
+}

@@ -28,8 +28,12 @@ use sha2::{Digest, Sha256};
 /// How [`fetch`] downloads and checks one file.
 #[derive(Debug, Clone)]
 pub struct FetchOptions {
-    /// The expected sha256 of the whole file: 64 hexadecimal digits.
+    /// The expected sha256 of the whole file: 64 hexadecimal digits (or, with
+    /// `sha256_prefix`, its first digits).
     pub sha256: String,
+    /// torch.hub's check: `sha256` is only the start of the digest (at least 8 hexadecimal
+    /// digits), as in the names of torchvision's weight files (`resnet34-b627a593.pth`).
+    pub sha256_prefix: bool,
     /// Allow plain http to a host that is not loopback.
     pub allow_http: bool,
     /// Retries after a failed attempt. Only failures in a row count: an attempt that adds to
@@ -50,6 +54,7 @@ impl Default for FetchOptions {
     fn default() -> Self {
         FetchOptions {
             sha256: String::new(),
+            sha256_prefix: false,
             allow_http: false,
             retries: 5,
             progress: true,
@@ -87,7 +92,7 @@ const LOG_EVERY_UNSIZED: u64 = 512 * 1024 * 1024;
 /// Why a download failed. Each message names the URL or file involved.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
-    #[error("--sha256 {value:?}: expected 64 hexadecimal digits")]
+    #[error("--sha256 {value:?}: expected 64 hexadecimal digits (a prefix of 8 or more where allowed)")]
     InvalidSha256 { value: String },
     #[error("{url}: not a valid URL ({reason})")]
     InvalidUrl { url: String, reason: String },
@@ -164,7 +169,7 @@ pub enum FetchError {
 /// Returns at once, without a request, when `out` already holds the expected content, and
 /// refuses to replace an `out` that holds anything else.
 pub fn fetch(url: &str, out: &Path, options: &FetchOptions) -> Result<Fetched, FetchError> {
-    let expected = parse_sha256(&options.sha256)?;
+    let expected = parse_sha256(&options.sha256, options.sha256_prefix)?;
     let parsed = check_url(url, options.allow_http)?;
     let part = part_path(out)?;
 
@@ -233,9 +238,10 @@ fn backoff(base: Duration, failures: u32) -> Duration {
     base.saturating_mul(factor).min(MAX_BACKOFF.max(base))
 }
 
-/// Checks and lower-cases the expected digest.
-fn parse_sha256(value: &str) -> Result<String, FetchError> {
-    if value.len() == 64 && value.bytes().all(|b| b.is_ascii_hexdigit()) {
+/// Checks and lower-cases the expected digest: 64 hexadecimal digits, or, as a `prefix`, 8 to 64.
+fn parse_sha256(value: &str, prefix: bool) -> Result<String, FetchError> {
+    let length_ok = if prefix { (8..=64).contains(&value.len()) } else { value.len() == 64 };
+    if length_ok && value.bytes().all(|b| b.is_ascii_hexdigit()) {
         Ok(value.to_ascii_lowercase())
     } else {
         Err(FetchError::InvalidSha256 { value: value.to_string() })
@@ -306,7 +312,7 @@ fn verify_existing(out: &Path, expected: &str) -> Result<Option<u64>, FetchError
         source,
     })?;
     let actual = hex::encode(hasher.finalize());
-    if actual == expected {
+    if actual.starts_with(expected) {
         Ok(Some(bytes))
     } else {
         Err(FetchError::ExistingMismatch { path: out.to_path_buf(), expected: expected.to_string(), actual })
@@ -659,7 +665,8 @@ impl PartFile {
         let len = self.len_on_disk()?;
         self.catch_up(len)?;
         let actual = hex::encode(std::mem::take(&mut self.hasher).finalize());
-        if actual != expected {
+        // A whole digest or, for torch.hub's convention, its first digits.
+        if !actual.starts_with(expected) {
             self.discard()?;
             return Err(FetchError::ChecksumMismatch {
                 url: url.to_string(),
@@ -1161,10 +1168,33 @@ mod tests {
     #[test]
     fn sha256_must_be_64_hex_digits() {
         let upper = "AB".repeat(32);
-        assert_eq!(parse_sha256(&upper).unwrap(), "ab".repeat(32));
+        assert_eq!(parse_sha256(&upper, false).unwrap(), "ab".repeat(32));
         for bad in ["", "abc", &"g".repeat(64), &"a".repeat(65)] {
-            assert!(matches!(parse_sha256(bad), Err(FetchError::InvalidSha256 { .. })), "{bad}");
+            assert!(matches!(parse_sha256(bad, false), Err(FetchError::InvalidSha256 { .. })), "{bad}");
         }
+        // torch.hub's prefixes: 8 digits or more, never a whole-digest requirement.
+        assert_eq!(parse_sha256("B627A593", true).unwrap(), "b627a593");
+        assert!(parse_sha256(&"a".repeat(64), true).is_ok());
+        for bad in ["", "b627a59", &"a".repeat(65), "b627a59x"] {
+            assert!(matches!(parse_sha256(bad, true), Err(FetchError::InvalidSha256 { .. })), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_digest_prefix_accepts_the_file_it_starts_and_refuses_another() {
+        let data = payload();
+        let dir = tempfile::tempdir().unwrap();
+        let full = sha256_hex(&data);
+        let server = Server::start(&data, vec![], Behaviour::Serve);
+        let good = FetchOptions { sha256: full[..8].to_string(), sha256_prefix: true, ..options(&data) };
+        let out = dir.path().join("w-good.pth");
+        fetch(&server.url(), &out, &good).unwrap();
+        assert_eq!(fs::read(&out).unwrap(), data);
+        let wrong_prefix = if full.starts_with('0') { "10000000" } else { "00000000" };
+        let bad = FetchOptions { sha256: wrong_prefix.to_string(), sha256_prefix: true, ..options(&data) };
+        let out = dir.path().join("w-bad.pth");
+        assert!(matches!(fetch(&server.url(), &out, &bad), Err(FetchError::ChecksumMismatch { .. })));
+        assert!(!out.exists());
     }
 
     #[test]

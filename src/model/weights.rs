@@ -1,0 +1,263 @@
+//! Starting weights: torchvision's published ImageNet weights by name (`model.weights`), and
+//! reading `torch.save` state dicts (`.pth`) beside safetensors.
+//!
+//! Published weights are cached where PyTorch caches them (`$TORCH_HOME/hub/checkpoints`), under
+//! torchvision's file names, so a file torchvision already downloaded is used as is, and a login
+//! node with internet can fill the cache for compute nodes without. A download is checked as
+//! torch.hub checks it: the hexadecimal part of the file name is the start of its sha256.
+//!
+//! `.pth` files are read by libtorch's own unpickler (as `torch::jit::pickle_load` does, in the C++
+//! shim): it is the code `torch.load` shares for the zip format, so every tensor type, storage
+//! sharing and byte order that PyTorch writes is read as PyTorch reads it, with no reader of our
+//! own to keep in step with PyTorch's format.
+
+use std::collections::BTreeMap;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tch::Tensor;
+
+use crate::data::ingest::fetch::{self, FetchError, FetchOptions};
+use crate::model::Arch;
+use crate::util::shim::{check, ffi, ShimError};
+use crate::util::tensor_io::{self, TensorIoError};
+
+/// Where torchvision publishes its weights; `model.weights_url` replaces it (a mirror, or a
+/// test's loopback server).
+pub const TORCHVISION_BASE_URL: &str = "https://download.pytorch.org/models/";
+
+/// One of torchvision's published weight files: `ResNet34_Weights.IMAGENET1K_V1` is
+/// `(Resnet34, "IMAGENET1K_V1", "resnet34-b627a593.pth")`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    pub arch: Arch,
+    /// torchvision's enum member name.
+    pub name: &'static str,
+    /// The file name, whose part after the last '-' is the start of its sha256.
+    pub file: &'static str,
+}
+
+/// torchvision 0.28's ResNet weights (`torchvision.models.ResNet*_Weights`); the test
+/// `published_weights_match_torchvision` compares this table with torchvision's.
+pub const PUBLISHED: &[Published] = &[
+    Published { arch: Arch::Resnet18, name: "IMAGENET1K_V1", file: "resnet18-f37072fd.pth" },
+    Published { arch: Arch::Resnet34, name: "IMAGENET1K_V1", file: "resnet34-b627a593.pth" },
+    Published { arch: Arch::Resnet50, name: "IMAGENET1K_V1", file: "resnet50-0676ba61.pth" },
+    Published { arch: Arch::Resnet50, name: "IMAGENET1K_V2", file: "resnet50-11ad3fa6.pth" },
+    Published { arch: Arch::Resnet101, name: "IMAGENET1K_V1", file: "resnet101-63fe2227.pth" },
+    Published { arch: Arch::Resnet101, name: "IMAGENET1K_V2", file: "resnet101-cd907fc2.pth" },
+    Published { arch: Arch::Resnet152, name: "IMAGENET1K_V1", file: "resnet152-394f9c45.pth" },
+    Published { arch: Arch::Resnet152, name: "IMAGENET1K_V2", file: "resnet152-f82ba261.pth" },
+];
+
+impl Published {
+    /// torchvision's weights `name` for `arch`; "DEFAULT" is the newest, as in torchvision.
+    pub fn find(arch: Arch, name: &str) -> Option<Published> {
+        let mut for_arch = PUBLISHED.iter().filter(|p| p.arch == arch);
+        match name {
+            "DEFAULT" => for_arch.next_back().copied(),
+            _ => for_arch.find(|p| p.name == name).copied(),
+        }
+    }
+}
+
+/// A weights file in torch.hub's naming, `STEM-HASH.pth`, where HASH is the start of the
+/// file's sha256: torchvision's published weights, or others served the same way (a mirror
+/// with a group's own weights).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HubFile {
+    /// What `model.weights` said: torchvision's name (`IMAGENET1K_V1`) or the file name.
+    pub name: String,
+    pub file: String,
+}
+
+impl HubFile {
+    /// `model.weights` for `arch`: torchvision's name (or DEFAULT), or a hub file name.
+    pub fn resolve(arch: Arch, name: &str) -> Result<HubFile, WeightsError> {
+        if let Some(published) = Published::find(arch, name) {
+            return Ok(HubFile { name: published.name.to_string(), file: published.file.to_string() });
+        }
+        let file = HubFile { name: name.to_string(), file: name.to_string() };
+        if name.ends_with(".pth") && !name.contains('/') && file.sha256_prefix().len() >= 8 {
+            return Ok(file);
+        }
+        let known = PUBLISHED.iter().filter(|p| p.arch == arch).map(|p| p.name).collect::<Vec<_>>();
+        Err(WeightsError::UnknownName { arch, name: name.to_string(), known: known.join(", ") })
+    }
+
+    /// The sha256 prefix in the file name (torch.hub's `HASH_REGEX`, `-([a-f0-9]*)\.`): empty
+    /// when the name has none.
+    pub fn sha256_prefix(&self) -> &str {
+        let stem = self.file.strip_suffix(".pth").unwrap_or(&self.file);
+        let hash = stem.rsplit_once('-').map_or("", |(_, hash)| hash);
+        if hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            hash
+        } else {
+            ""
+        }
+    }
+
+    pub fn url(&self, base_url: &str) -> String {
+        format!("{}/{}", base_url.trim_end_matches('/'), self.file)
+    }
+}
+
+/// What a run started from, for its manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StartingWeights {
+    /// torchvision's weights name (`IMAGENET1K_V1`), or None for a file given by path.
+    pub name: Option<String>,
+    /// Where the file was (or would be) downloaded from, for published weights.
+    pub url: Option<String>,
+    pub path: PathBuf,
+    pub sha256: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WeightsError {
+    #[error(
+        "weights {name:?}: torchvision publishes no such weights for {arch} (it has: {known}, or DEFAULT), \
+         and it is not a file name in torch.hub's form NAME-SHA256PREFIX.pth"
+    )]
+    UnknownName { arch: Arch, name: String, known: String },
+    #[error(
+        "{}: {arch} weights {name} are not in the cache and could not be downloaded from {url}: {source}. \
+         On a machine with internet run `rtrain weights fetch {arch} --weights {name}` with the same \
+         TORCH_HOME (or copy the file there)",
+        path.display()
+    )]
+    NotCached { path: PathBuf, arch: Arch, name: String, url: String, source: Box<FetchError> },
+    #[error("{}: cannot read it as a torch.save state dict: {source}", path.display())]
+    Pth { path: PathBuf, source: ShimError },
+    #[error("{}: not a state dict: neither safetensors nor a torch.save zip archive ({problem})", path.display())]
+    Format { path: PathBuf, problem: String },
+    #[error(transparent)]
+    Safetensors(#[from] TensorIoError),
+    #[error("{}: cannot {action}: {source}", path.display())]
+    Io { path: PathBuf, action: &'static str, source: std::io::Error },
+}
+
+/// PyTorch's hub cache for weight files: `$TORCH_HOME/hub/checkpoints`, with TORCH_HOME
+/// defaulting to `$XDG_CACHE_HOME/torch`, then `~/.cache/torch` (torch.hub's `_get_torch_home`).
+pub fn cache_dir() -> PathBuf {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let torch_home = var("TORCH_HOME").unwrap_or_else(|| {
+        let cache = var("XDG_CACHE_HOME")
+            .unwrap_or_else(|| var("HOME").unwrap_or_else(|| PathBuf::from("/")).join(".cache"));
+        cache.join("torch")
+    });
+    torch_home.join("hub").join("checkpoints")
+}
+
+/// The cached file of `weights`, downloaded from `base_url` first if it is not there (a file
+/// there that fails its check is an error, not replaced). Safe for several processes sharing one cache: the fetcher writes a
+/// `.part` file and renames only a verified one.
+pub fn fetch_to_cache(
+    arch: Arch,
+    weights: &HubFile,
+    base_url: &str,
+    progress: bool,
+) -> Result<PathBuf, WeightsError> {
+    let path = cache_dir().join(&weights.file);
+    let url = weights.url(base_url);
+    let options = FetchOptions {
+        sha256: weights.sha256_prefix().to_string(),
+        sha256_prefix: true,
+        progress,
+        ..FetchOptions::default()
+    };
+    match fetch::fetch(&url, &path, &options) {
+        Ok(fetched) => Ok(fetched.path),
+        Err(source) => Err(WeightsError::NotCached {
+            path,
+            arch,
+            name: weights.name.clone(),
+            url,
+            source: Box::new(source),
+        }),
+    }
+}
+
+/// A state dict from a safetensors file or a `torch.save` zip archive (`.pth`, `.pt`), told
+/// apart by content, not name.
+pub fn read_state_dict(path: &Path) -> Result<BTreeMap<String, Tensor>, WeightsError> {
+    let mut magic = [0u8; 4];
+    let io = |action, source| WeightsError::Io { path: path.to_path_buf(), action, source };
+    {
+        use std::io::Read;
+        let mut file = std::fs::File::open(path).map_err(|e| io("open", e))?;
+        let read = file.read(&mut magic).map_err(|e| io("read", e))?;
+        if read < magic.len() {
+            return Err(WeightsError::Format { path: path.to_path_buf(), problem: "too short".into() });
+        }
+    }
+    if magic == *b"PK\x03\x04" {
+        read_pth(path)
+    } else {
+        Ok(tensor_io::read_safetensors(path)?.tensors.into_iter().collect())
+    }
+}
+
+/// The tensors of a `torch.save`d state dict, on the CPU.
+pub fn read_pth(path: &Path) -> Result<BTreeMap<String, Tensor>, WeightsError> {
+    let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| WeightsError::Format {
+        path: path.to_path_buf(),
+        problem: "the path holds a NUL byte".into(),
+    })?;
+    let mut tensors: BTreeMap<String, Tensor> = BTreeMap::new();
+    let context = std::ptr::from_mut(&mut tensors).cast::<c_void>();
+    // SAFETY: a NUL-terminated path; `collect` matches the callback type and `context` is the
+    // map it expects, alive for the whole call.
+    check("torch.save file", unsafe { ffi::rtrain_load_state_dict(c_path.as_ptr(), collect, context) })
+        .map_err(|source| WeightsError::Pth { path: path.to_path_buf(), source })?;
+    Ok(tensors)
+}
+
+extern "C" fn collect(context: *mut c_void, name: *const c_char, tensor: *mut torch_sys::C_tensor) {
+    // SAFETY: `context` is read_pth's map; `name` a NUL-terminated string valid for this call;
+    // `tensor` a new at::Tensor whose ownership passes to us. Nothing here can unwind.
+    unsafe {
+        let tensors = &mut *context.cast::<BTreeMap<String, Tensor>>();
+        let name = CStr::from_ptr(name).to_string_lossy().into_owned();
+        tensors.insert(name, Tensor::from_ptr(tensor));
+    }
+}
+
+/// sha256 of a whole file, streamed.
+pub fn file_sha256(path: &Path) -> Result<String, WeightsError> {
+    let mut file = std::fs::File::open(path).map_err(|source| WeightsError::Io {
+        path: path.to_path_buf(),
+        action: "open",
+        source,
+    })?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher).map_err(|source| WeightsError::Io {
+        path: path.to_path_buf(),
+        action: "read",
+        source,
+    })?;
+    Ok(hex::encode(hasher.finalize()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_resolve_per_architecture_and_default_is_the_newest() {
+        let r34 = HubFile::resolve(Arch::Resnet34, "IMAGENET1K_V1").unwrap();
+        assert_eq!(r34.sha256_prefix(), "b627a593");
+        assert_eq!(r34.url("http://127.0.0.1:9/m/"), "http://127.0.0.1:9/m/resnet34-b627a593.pth");
+        assert_eq!(HubFile::resolve(Arch::Resnet50, "DEFAULT").unwrap().name, "IMAGENET1K_V2");
+        let err = HubFile::resolve(Arch::Resnet34, "IMAGENET1K_V2").unwrap_err().to_string();
+        assert!(err.contains("IMAGENET1K_V1") && err.contains("resnet34"), "{err}");
+        let own = HubFile::resolve(Arch::Resnet18, "mine-0123abcd.pth").unwrap();
+        assert_eq!((own.sha256_prefix(), own.file.as_str()), ("0123abcd", "mine-0123abcd.pth"));
+        for bad in ["mine.pth", "mine-0123abc.pth", "mine-0123abcz.pth", "../x-0123abcd.pth", "x-0123abcd.pt"]
+        {
+            assert!(HubFile::resolve(Arch::Resnet18, bad).is_err(), "{bad}");
+        }
+    }
+}
