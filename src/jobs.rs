@@ -13,7 +13,16 @@ use crate::plan::{Resume, RunPlan};
 use crate::run_dir::manifest::Manifest;
 use crate::run_dir::reproduce::{self, Verdict};
 use crate::run_dir::{self, RunPaths};
-use crate::train;
+use crate::train::{self, TrainError};
+
+/// A preempted run's error as [`crate::cluster::signals::Preempted`] itself, which the job
+/// layer recognises (its exit code, and no abort: every rank stops together).
+fn preempted_as_such(error: TrainError) -> anyhow::Error {
+    match error {
+        TrainError::Preempted(preempted) => anyhow::Error::new(preempted),
+        other => other.into(),
+    }
+}
 
 /// Trains into `run_dir` (default: a name from the configuration); returns the path of
 /// `summary.json` on rank 0.
@@ -29,7 +38,7 @@ pub fn train(
     let paths = RunPaths::new(job::broadcast_path(comm.as_ref(), &run_dir));
     paths.check_writable(resume != Resume::Fresh)?;
     let plan = RunPlan::for_training(config, comm.topology(), resume, None)?;
-    train::run(&plan, comm, paths.clone())?;
+    train::run(&plan, comm, paths.clone()).map_err(preempted_as_such)?;
     Ok(comm.topology().is_root().then(|| paths.summary()))
 }
 
@@ -49,7 +58,7 @@ pub fn reproduce(
     out.check_empty()?;
     job::stage_data(config, comm.as_ref())?;
     let plan = RunPlan::for_training(config, comm.topology(), Resume::Fresh, Some(epochs))?;
-    train::run(&plan, comm, out.clone())?;
+    train::run(&plan, comm, out.clone()).map_err(preempted_as_such)?;
     if !comm.topology().is_root() {
         return Ok(None);
     }

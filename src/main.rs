@@ -1,5 +1,6 @@
 //! The `rtrain` binary: parse, dispatch, and map errors to exit codes (2 for usage and
-//! configuration errors, 1 for any other failure).
+//! configuration errors, 75 for a run stopped by a signal after its checkpoint, 1 for any other
+//! failure).
 
 use std::process::ExitCode;
 

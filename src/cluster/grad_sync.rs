@@ -11,6 +11,9 @@
 //! - Buckets start in reverse parameter order, with a small first bucket so that communication
 //!   starts early. After the first step they are rebuilt in the order the gradients actually
 //!   became ready (rank 0's order, broadcast), which is what makes the overlap work.
+//! - The last bucket carries one extra value, the stop flag: a rank asked to stop (a
+//!   preemption signal, [`super::signals`]) sets it before backward, and after the all-reduce
+//!   every rank sees whether any rank did, at the same step, at no cost of its own.
 //! - The communication thread sums with NCCL when the gradients are on GPUs and every rank has
 //!   it ([`super::nccl`]), else with MPI through host memory ([`Reducer`]).
 
@@ -161,6 +164,10 @@ pub struct GradSync {
     hooks: Vec<HookHandle>,
     done: Receiver<usize>,
     worker: Option<JoinHandle<()>>,
+    /// The stop flag: one element after the last bucket's gradients.
+    flag: Tensor,
+    /// Whether any rank raised the flag in the last step `finish` completed.
+    stop_agreed: bool,
 }
 
 impl GradSync {
@@ -207,6 +214,8 @@ impl GradSync {
             hooks: Vec::new(),
             done,
             worker: Some(worker),
+            flag: Tensor::zeros([1], (Kind::Float, tch::Device::Cpu)),
+            stop_agreed: false,
         };
         let initial: Vec<usize> = (0..sync.params.len()).rev().collect();
         sync.install(&initial)?;
@@ -233,12 +242,23 @@ impl GradSync {
         buckets
     }
 
-    /// Zeroes every gradient for the next backward (one fill per bucket).
+    /// Zeroes every gradient, and the stop flag, for the next backward (one fill per bucket).
     pub fn zero_grad(&mut self) {
         let plan = self.lock();
         for flat in &plan.flats {
             let _ = flat.shallow_clone().zero_();
         }
+    }
+
+    /// Asks every rank to stop after this step: call after [`Self::zero_grad`], before backward.
+    pub fn raise_stop_flag(&mut self) {
+        let _ = self.flag.fill_(1.0);
+    }
+
+    /// Whether any rank raised the stop flag in the step [`Self::finish`] last completed; the
+    /// same on every rank.
+    pub fn stop_agreed(&self) -> bool {
+        self.stop_agreed
     }
 
     /// Waits until every gradient is summed over the ranks and averaged; call after backward,
@@ -259,6 +279,9 @@ impl GradSync {
         for _ in 0..buckets {
             self.done.recv().map_err(|_| GradSyncError::ThreadGone)?;
         }
+        // Averaged like the gradients: positive when any rank raised it. (On a GPU, reading it
+        // waits for the all-reduce, which the optimizer step does anyway.)
+        self.stop_agreed = self.flag.double_value(&[0]) > 0.0;
         let recorded = {
             let mut plan = self.lock();
             plan.reset();
@@ -307,7 +330,11 @@ impl GradSync {
         for (bucket, members) in layout.iter().enumerate() {
             let total: usize = members.iter().map(|&i| numels[i]).sum();
             let device = self.params[members[0]].device();
-            let flat = Tensor::zeros([total as i64], (Kind::Float, device));
+            let last = bucket + 1 == layout.len();
+            let flat = Tensor::zeros([total as i64 + i64::from(last)], (Kind::Float, device));
+            if last {
+                self.flag = flat.narrow(0, total as i64, 1);
+            }
             let mut offset = 0i64;
             for &index in members {
                 let param = &mut self.params[index];

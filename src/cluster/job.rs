@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 
+use super::signals::{Preempted, PREEMPTED_EXIT_CODE};
 use super::{Communicator, Topology};
 use crate::config::{Config, ConfigError, DEFAULT_DATA_ROOT};
 use crate::data::ingest::synth;
@@ -41,10 +42,13 @@ pub fn agree_on_config(comm: &dyn Communicator, config: &Config) -> Result<(), C
     Err(ConfigError::RanksDiffer { rank, host: hosts[rank].clone(), differences: differences.join(", ") })
 }
 
-/// The exit status for a failed command: 2 for usage and configuration errors, 1 otherwise.
+/// The exit status for a failed command: 2 for usage and configuration errors, 75 for a run
+/// stopped by a signal with its checkpoint saved, 1 otherwise.
 pub fn exit_code(error: &anyhow::Error) -> u8 {
     if error.downcast_ref::<ConfigError>().is_some() {
         2
+    } else if error.downcast_ref::<Preempted>().is_some() {
+        PREEMPTED_EXIT_CODE
     } else {
         1
     }
@@ -68,7 +72,9 @@ pub fn run_in_job(
         agree_on_config(comm.as_ref(), &config)?;
         body(&config, comm.clone())
     });
-    if let (Err(error), true) = (&result, topology.world_size > 1) {
+    // A preempted run is not a failure of one rank: every rank stops at the same step.
+    let preempted = result.as_ref().is_err_and(|error| error.downcast_ref::<Preempted>().is_some());
+    if let (Err(error), true, false) = (&result, topology.world_size > 1, preempted) {
         // Returning would leave the other ranks blocked in their next collective (and MPI's
         // finalisation): end the whole job, naming this rank.
         let described = crate::util::logging::describe_error(error);

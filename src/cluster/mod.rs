@@ -14,6 +14,7 @@ pub mod launcher;
 mod mpi;
 pub mod nccl;
 pub mod runtime;
+pub mod signals;
 pub mod wire;
 
 use std::sync::Arc;

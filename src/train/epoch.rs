@@ -10,6 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::trainer::Trainer;
 use super::{policy, reduce_totals, sync_buffers, TrainError};
+use crate::cluster::signals::Preempted;
 use crate::cluster::Communicator;
 use crate::data::dataset::Dataset;
 use crate::data::loader::Loader;
@@ -101,6 +102,12 @@ pub fn train_epoch(
                 );
             }
         }
+        if output.stop && step_in_epoch == steps_per_epoch {
+            // The epoch's own checkpoint, after its evaluation, is where to resume.
+            trainer.stop_at_epoch_end = true;
+        } else if output.stop {
+            return Err(stop_mid_epoch(trainer, model, comm, out, (epoch, step_in_epoch), &totals));
+        }
         if policy::save_after_step(&config.checkpoint, step_in_epoch, steps_per_epoch) {
             let so_far = reduce_totals(comm, &totals);
             sync_buffers(comm, model);
@@ -110,6 +117,28 @@ pub fn train_epoch(
     }
     progress.finish_and_clear();
     Ok(totals)
+}
+
+/// Every rank agreed to stop after this step (a preemption signal reached one of them): rank
+/// 0 checkpoints it, and no rank leaves before the checkpoint is on disk (a launcher kills the
+/// others when one exits). Returns the error that ends the run. A collective.
+fn stop_mid_epoch(
+    trainer: &mut Trainer<'_>,
+    model: &Model,
+    comm: &dyn Communicator,
+    out: &mut RunDir,
+    (epoch, step_in_epoch): (u32, u64),
+    totals: &EpochTotals,
+) -> TrainError {
+    let so_far = reduce_totals(comm, totals);
+    sync_buffers(comm, model);
+    let saved = trainer.save_checkpoint(model, out, epoch, step_in_epoch, so_far);
+    let saved = saved.and_then(|path| out.write_manifest().map(|()| path).map_err(TrainError::from));
+    comm.barrier();
+    match saved {
+        Ok(checkpoint) => TrainError::Preempted(Preempted { global_step: trainer.steps(), checkpoint }),
+        Err(error) => error,
+    }
 }
 
 fn progress_bar(steps: u64, done: u64, epoch: u32, epochs: u32) -> ProgressBar {

@@ -25,6 +25,7 @@ use tch::{Device, Kind};
 
 use crate::cluster::grad_sync::{GradSync, GradSyncError, Reducer, SyncOptions};
 use crate::cluster::nccl::Nccl;
+use crate::cluster::signals::{self, Preempted};
 use crate::cluster::wire::Wire;
 use crate::cluster::{self, Communicator, DistError};
 use crate::data::dataset::{DataError, Dataset};
@@ -87,11 +88,17 @@ pub enum TrainError {
     Digest { name: String, source: tch::TchError },
     #[error("{when}: {what} is not finite (NaN or infinity): the run diverged, and nothing was saved from it; lower optim.lr")]
     NotFinite { when: String, what: String },
+    /// Every rank stopped at the same step after a stop signal, with a checkpoint written.
+    #[error(transparent)]
+    Preempted(Preempted),
+    #[error("cannot install the handlers of the stop signals (SIGTERM, SIGINT, SIGUSR1): {0}")]
+    Signals(std::io::Error),
 }
 
 /// Trains as `plan` says into the run directory at `paths`. Every rank calls it.
 pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Result<Summary, TrainError> {
     let (started, started_at) = (Instant::now(), manifest::now());
+    signals::install().map_err(TrainError::Signals)?;
     let data = Splits::open(plan)?;
     let (model, starting_weights) = build_model(plan, &data)?;
     broadcast_weights(comm.as_ref(), &model);
@@ -127,6 +134,11 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
         sync_buffers(comm.as_ref(), &model);
         let val = eval::evaluate_split(&model, &data.val, plan, comm.as_ref())?;
         trainer.finish_epoch(&model, epoch, &totals, val, &mut out)?;
+        if trainer.stop_at_epoch_end && epoch + 1 < plan.last_epoch {
+            comm.barrier();
+            let checkpoint = out.writes().then(|| out.paths().step_checkpoint(trainer.steps()));
+            return Err(TrainError::Preempted(Preempted { global_step: trainer.steps(), checkpoint }));
+        }
     }
     sync_buffers(comm.as_ref(), &model);
     check_replicas_agree(comm.as_ref(), &model)?;

@@ -6,6 +6,7 @@ use tch::{Kind, Reduction, Tensor};
 
 use super::optim::{OptimError, Optimizer};
 use crate::cluster::grad_sync::{GradSync, GradSyncError};
+use crate::cluster::signals;
 use crate::model::precision::{Compute, ShimError};
 use crate::model::Model;
 
@@ -39,11 +40,19 @@ impl GradientSync {
         }
     }
 
-    /// Waits until every gradient is averaged over the ranks. A collective.
-    fn sync_gradients(&mut self) -> Result<(), GradSyncError> {
+    /// Raises the stop flag for this step when this process was asked to stop.
+    fn offer_stop(&mut self, asked: bool) {
+        if let (GradientSync::AllReduce(sync), true) = (self, asked) {
+            sync.raise_stop_flag();
+        }
+    }
+
+    /// Waits until every gradient is averaged over the ranks; returns whether any rank was
+    /// asked to stop (`asked` is this rank's answer). A collective.
+    fn sync_gradients(&mut self, asked: bool) -> Result<bool, GradSyncError> {
         match self {
-            GradientSync::Local => Ok(()),
-            GradientSync::AllReduce(sync) => sync.finish(),
+            GradientSync::Local => Ok(asked),
+            GradientSync::AllReduce(sync) => sync.finish().map(|()| sync.stop_agreed()),
         }
     }
 }
@@ -56,6 +65,9 @@ pub struct StepOutput {
     pub correct: u64,
     /// The forward pass's logits (for comparisons between devices).
     pub logits: Tensor,
+    /// Some rank was asked to stop (a preemption signal) before this step: every rank stops
+    /// after it.
+    pub stop: bool,
 }
 
 /// The model, how it computes, and the loss's label smoothing: what a step needs besides the
@@ -79,10 +91,12 @@ pub fn train_step(
     let global_step = optimizer.steps();
     let torch = |source| StepError::Torch { global_step, source };
     sync.zero_grad(optimizer);
+    let asked = signals::requested().is_some();
+    sync.offer_stop(asked);
     let labels = context.compute.labels(labels);
     let (logits, loss) = forward_loss(context, images, &labels, global_step)?;
     loss.f_backward().map_err(torch)?;
-    sync.sync_gradients()?;
+    let stop = sync.sync_gradients(asked)?;
     optimizer.step(lr)?;
     let loss = loss.f_double_value(&[]).map_err(torch)?;
     if !loss.is_finite() {
@@ -90,7 +104,7 @@ pub fn train_step(
     }
     let correct =
         tch::no_grad(|| logits.argmax(-1, false).eq_tensor(&labels).sum(Kind::Int64).int64_value(&[]));
-    Ok(StepOutput { loss, correct: u64::try_from(correct).unwrap_or(0), logits })
+    Ok(StepOutput { loss, correct: u64::try_from(correct).unwrap_or(0), logits, stop })
 }
 
 /// The logits and the batch's mean loss (with label smoothing), in the run's precision and

@@ -58,6 +58,9 @@ pub struct Trainer<'a> {
     trained_images: u64,
     trained_seconds: f64,
     final_eval: Option<EvalReport>,
+    /// The ranks agreed to stop at an epoch's last step: stop once the epoch is evaluated and
+    /// checkpointed (the same on every rank).
+    pub stop_at_epoch_end: bool,
 }
 
 impl<'a> Trainer<'a> {
@@ -75,6 +78,7 @@ impl<'a> Trainer<'a> {
             trained_images: 0,
             trained_seconds: 0.0,
             final_eval: None,
+            stop_at_epoch_end: false,
         }
     }
 
@@ -253,7 +257,8 @@ impl<'a> Trainer<'a> {
             self.best_val_top1 = Some(top1);
         }
         let actions = policy::after_epoch(&config.checkpoint, epoch, config.train.epochs, is_best);
-        if actions.save {
+        // A stop at the epoch's end resumes from its checkpoint, whatever the policy says.
+        if actions.save || self.stop_at_epoch_end {
             let saved = self.save_checkpoint(model, out, epoch + 1, 0, EpochTotals::default())?;
             if let (Some(path), true) = (saved, actions.keep_as_best) {
                 out.save_best(&path)?;

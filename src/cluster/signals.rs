@@ -1,0 +1,67 @@
+//! Preemption: SIGTERM (Slurm at the time limit, `scancel`, a container stop), SIGINT (Ctrl-C)
+//! and SIGUSR1 (Slurm's `--signal=USR1@N` warning) ask training to stop cleanly. The handler
+//! only records the request; the ranks agree on it through the next step's gradient
+//! all-reduce (a flag in its last bucket, so no collective of its own), stop at that same step,
+//! rank 0 writes a checkpoint, and every rank exits with [`PREEMPTED_EXIT_CODE`]; `--resume
+//! auto` continues exactly. A second signal ends the process at once.
+
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+
+/// The exit code of a run stopped by a signal after saving its checkpoint: 75, BSD's
+/// EX_TEMPFAIL ("try again later"), which a job script can test before requeueing.
+pub const PREEMPTED_EXIT_CODE: u8 = 75;
+
+/// The signals that ask for a clean stop.
+pub const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGUSR1];
+
+static RECEIVED: AtomicU32 = AtomicU32::new(0);
+static FIRST_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+/// The job stopped, by agreement of all ranks, after a stop signal.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "stopped at global step {global_step} by a stop signal (SIGTERM, SIGINT or SIGUSR1){}; \
+     continue with --resume auto",
+    .checkpoint.as_ref().map(|path| format!(", checkpoint {}", path.display())).unwrap_or_default()
+)]
+pub struct Preempted {
+    pub global_step: u64,
+    /// The checkpoint written at the stop (rank 0's path; None on the other ranks).
+    pub checkpoint: Option<std::path::PathBuf>,
+}
+
+extern "C" fn on_stop_signal(signal: libc::c_int) {
+    // Only async-signal-safe work here: atomics, and _exit for the second signal.
+    if RECEIVED.fetch_add(1, Ordering::SeqCst) > 0 {
+        // SAFETY: _exit is async-signal-safe and ends the process without running anything else.
+        unsafe { libc::_exit(128 + signal) };
+    }
+    FIRST_SIGNAL.store(signal, Ordering::SeqCst);
+}
+
+/// Routes the stop signals to [`requested`] for the rest of the process's life.
+pub fn install() -> std::io::Result<()> {
+    for signal in STOP_SIGNALS {
+        // SAFETY: a zeroed sigaction is a valid starting point; the handler is an extern "C"
+        // fn of the expected signature that only touches atomics and calls _exit.
+        let failed = unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_stop_signal as extern "C" fn(libc::c_int) as usize;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(signal, &action, std::ptr::null_mut()) != 0
+        };
+        if failed {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// The first stop signal this process received, if any.
+pub fn requested() -> Option<i32> {
+    match FIRST_SIGNAL.load(Ordering::SeqCst) {
+        0 => None,
+        signal => Some(signal),
+    }
+}

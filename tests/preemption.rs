@@ -1,0 +1,188 @@
+//! Preemption as clusters do it: a stop signal (Slurm's SIGTERM at the time limit, its
+//! `--signal=USR1@N` warning, Ctrl-C) reaching one process mid-epoch. The job stops at one step
+//! all ranks agree on, writes one checkpoint there, exits with 75, and `--resume auto` ends
+//! with weights bit-identical to a run never interrupted. A second signal ends it at once.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const PREEMPTED: i32 = 75;
+
+/// 4 classes x 24 images at 64 px, batch 8: 12 steps per epoch alone, 6 with two ranks; slow
+/// enough to signal mid-epoch. Only epoch checkpoints, so a mid-epoch one is the stop's.
+fn settings(data: &Path) -> Vec<String> {
+    [
+        format!("data.root={:?}", data.to_string_lossy()),
+        "data.image_size=64".into(),
+        "data.batch_size=8".into(),
+        "data.workers=0".into(),
+        "train.epochs=2".into(),
+        "train.threads=1".into(),
+        "train.log_every_steps=1".into(),
+        "checkpoint.every_steps=0".into(),
+        "checkpoint.keep_last=100".into(),
+    ]
+    .into_iter()
+    .flat_map(|setting| ["--set".to_string(), setting])
+    .collect()
+}
+
+fn summary(run: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
+}
+
+/// Waits until the run has logged a training step (so the signal lands mid-epoch).
+fn wait_for_a_step(run: &Path, child: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default();
+        if metrics.contains("\"kind\":\"step\"") {
+            return;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "training ended before it was signalled");
+        assert!(Instant::now() < deadline, "no training step within 120 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status().unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+fn wait_within(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            panic!("still running {limit:?} after the stop signal");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The checkpoints in a run directory.
+fn checkpoints(run: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(run.join("checkpoints"))
+        .map(|entries| entries.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default();
+    found.retain(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("step-")));
+    found.sort();
+    found
+}
+
+/// Stops a run with `stop` (which signals the process or one rank), then checks the stop and
+/// resumes it with `resume`; returns the resumed run's summary.
+fn preempt_then_resume(
+    mut start: Command,
+    stop: impl FnOnce(&Child),
+    mut resume: Command,
+    run: &Path,
+) -> Value {
+    let mut child = start.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    wait_for_a_step(run, &mut child);
+    stop(&child);
+    let status = wait_within(&mut child, Duration::from_secs(60));
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(PREEMPTED), "exit status {status}:\n{stderr}");
+    assert!(stderr.contains("stopped at global step"), "{stderr}");
+    let saved = checkpoints(run);
+    assert_eq!(saved.len(), 1, "one checkpoint, at the agreed step: {saved:?}\n{stderr}");
+    let meta = rtrain::run_dir::checkpoint::read_meta(&saved[0]).unwrap();
+    assert!(meta.epoch == 0 && meta.step_in_epoch > 0, "the stop should land mid-epoch 1: {meta:?}");
+    assert!(!run.join("summary.json").exists());
+    common::assert_success(resume.output().unwrap(), "resume");
+    summary(run)
+}
+
+fn rtrain_command(dir: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rtrain"));
+    command.current_dir(dir).env_remove("RUST_LOG");
+    command
+}
+
+#[test]
+fn a_single_process_stops_cleanly_on_sigterm_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 24, 4, 72);
+    let settings = settings(&data);
+    let train = |run: &str, extra: &[&str]| {
+        let mut command = rtrain_command(dir.path());
+        command.args(["train", "--run-dir", run]).args(&settings).args(extra);
+        command
+    };
+    common::assert_success(train("straight", &[]).output().unwrap(), "uninterrupted run");
+    let run = dir.path().join("stopped");
+    let resumed = preempt_then_resume(
+        train("stopped", &[]),
+        |child| signal(child.id(), "TERM"),
+        train("stopped", &["--resume", "auto"]),
+        &run,
+    );
+    assert_eq!(resumed["weights_sha256"], summary(&dir.path().join("straight"))["weights_sha256"]);
+}
+
+#[test]
+fn one_rank_signalled_stops_both_at_the_same_step_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 24, 4, 72);
+    let settings = settings(&data);
+    let train = |run: &str, extra: &[&str]| {
+        let mut command = common::mpirun(dir.path());
+        command
+            .args(["-np", "2", env!("CARGO_BIN_EXE_rtrain"), "train", "--run-dir", run])
+            .args(&settings)
+            .args(extra);
+        command
+    };
+    common::assert_success(train("straight", &[]).output().unwrap(), "uninterrupted mpirun -np 2");
+    let run = dir.path().join("stopped");
+    // SIGUSR1, Slurm's early warning, to one of the two ranks (mpirun's children).
+    let resumed = preempt_then_resume(
+        train("stopped", &[]),
+        |mpirun| {
+            let output = Command::new("pgrep").args(["-P", &mpirun.id().to_string()]).output().unwrap();
+            let ranks: Vec<u32> = String::from_utf8_lossy(&output.stdout)
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect();
+            assert_eq!(ranks.len(), 2, "the ranks under mpirun: {ranks:?}");
+            signal(ranks[1], "USR1");
+        },
+        train("stopped", &["--resume", "auto"]),
+        &run,
+    );
+    assert_eq!(resumed["world_size"], 2);
+    assert_eq!(resumed["weights_sha256"], summary(&dir.path().join("straight"))["weights_sha256"]);
+}
+
+/// A second signal does not wait for the next step: the process ends at once, with 128 + that
+/// signal. (Two different signals: a second identical one sent before the first is delivered
+/// merges with it, as pending standard signals do.)
+#[test]
+fn a_second_signal_ends_the_process_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 24, 4, 72);
+    let run = dir.path().join("run");
+    let mut child = rtrain_command(dir.path())
+        .args(["train", "--run-dir", "run"])
+        .args(settings(&data))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_a_step(&run, &mut child);
+    signal(child.id(), "TERM");
+    signal(child.id(), "INT");
+    let status = wait_within(&mut child, Duration::from_secs(5));
+    assert!(matches!(status.code(), Some(130 | 143)), "{status}: expected 128 + SIGINT or SIGTERM");
+}
