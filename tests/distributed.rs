@@ -5,7 +5,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -72,21 +72,6 @@ fn max_abs_diff(
 
 fn summary(run: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
-}
-
-/// Waits for a child up to `limit`; kills it and fails the test if it is still running.
-fn wait_within(child: &mut Child, limit: Duration, what: &str) -> std::process::ExitStatus {
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if started.elapsed() > limit {
-            let _ = child.kill();
-            panic!("{what}: still running after {limit:?} (a hang)");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// 2 ranks with batch 8 each take the same steps as 1 process with batch 16: the final weights
@@ -234,7 +219,7 @@ fn a_failing_rank_ends_the_job() {
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     let mut child = command.spawn().unwrap();
-    let status = wait_within(&mut child, Duration::from_secs(60), "job with a failing rank");
+    let status = common::wait_within(&mut child, Duration::from_secs(60), "job with a failing rank");
     let mut stderr = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert!(!status.success(), "the job succeeded although rank 1 failed:\n{stderr}");
@@ -286,7 +271,7 @@ fn a_killed_rank_ends_the_job_and_the_run_resumes() {
     // SAFETY: kill(2) on a pid we just found; the worst case is signalling nothing.
     assert_eq!(unsafe { libc::kill(victim as i32, libc::SIGKILL) }, 0);
     let killed_at = Instant::now();
-    let status = wait_within(&mut child, Duration::from_secs(30), "job after SIGKILL of rank 1");
+    let status = common::wait_within(&mut child, Duration::from_secs(30), "job after SIGKILL of rank 1");
     assert!(!status.success(), "mpirun reported success after a rank was killed");
     eprintln!("job ended {:.1} s after the kill", killed_at.elapsed().as_secs_f64());
     assert!(!run.join("summary.json").exists(), "the run cannot have finished");

@@ -55,20 +55,6 @@ fn signal(pid: u32, signal: &str) {
     assert!(status.success(), "kill -{signal} {pid}");
 }
 
-fn wait_within(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if started.elapsed() > limit {
-            let _ = child.kill();
-            panic!("still running {limit:?} after the stop signal");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// The checkpoints in a run directory.
 fn checkpoints(run: &Path) -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = std::fs::read_dir(run.join("checkpoints"))
@@ -90,7 +76,7 @@ fn preempt_then_resume(
     let mut child = start.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     wait_for_a_step(run, &mut child);
     stop(&child);
-    let status = wait_within(&mut child, Duration::from_secs(60));
+    let status = common::wait_within(&mut child, Duration::from_secs(60), "a run after its stop signal");
     let mut stderr = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert_eq!(status.code(), Some(PREEMPTED), "exit status {status}:\n{stderr}");
@@ -183,6 +169,6 @@ fn a_second_signal_ends_the_process_at_once() {
     wait_for_a_step(&run, &mut child);
     signal(child.id(), "TERM");
     signal(child.id(), "INT");
-    let status = wait_within(&mut child, Duration::from_secs(5));
+    let status = common::wait_within(&mut child, Duration::from_secs(5), "a run after two signals");
     assert!(matches!(status.code(), Some(130 | 143)), "{status}: expected 128 + SIGINT or SIGTERM");
 }

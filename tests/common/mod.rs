@@ -165,3 +165,22 @@ pub fn serve_dir(dir: &Path) -> String {
     });
     url
 }
+
+/// Waits for a child up to `limit`; kills it and fails the test if it is still running.
+pub fn wait_within(
+    child: &mut std::process::Child,
+    limit: std::time::Duration,
+    what: &str,
+) -> std::process::ExitStatus {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            panic!("{what}: still running after {limit:?} (a hang)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
