@@ -395,6 +395,10 @@ pub struct DistConfig {
     /// the link, not the computation, bounds a step (nodes behind 1-25 Gbit/s Ethernet);
     /// results are then no longer bit-identical across world sizes.
     pub compress: GradCompression,
+    /// Once training runs, a rank that waits longer than this in a collective ends the job,
+    /// naming the ranks that did not arrive (a stopped or hung rank would otherwise hang it).
+    /// Set-up (data hashing, staging) may take up to 30 minutes.
+    pub timeout_s: f64,
 }
 
 impl Default for DistConfig {
@@ -406,6 +410,7 @@ impl Default for DistConfig {
             allreduce: AllreduceAlgorithm::Auto,
             poll_us: 200,
             compress: GradCompression::None,
+            timeout_s: 300.0,
         }
     }
 }
@@ -684,6 +689,11 @@ impl Config {
             self.dist.bucket_mb > 0.0 && self.dist.bucket_mb.is_finite(),
             "dist.bucket_mb",
             "must be a positive number of MiB",
+        )?;
+        check(
+            self.dist.timeout_s > 0.0 && self.dist.timeout_s.is_finite(),
+            "dist.timeout_s",
+            "must be a positive number of seconds",
         )?;
         let o = &self.optim;
         check(o.lr > 0.0 && o.lr.is_finite(), "optim.lr", "must be a positive number")?;

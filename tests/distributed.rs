@@ -5,7 +5,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -284,6 +284,66 @@ fn a_killed_rank_ends_the_job_and_the_run_resumes() {
     let summary = summary(&run);
     assert_eq!(summary["global_steps"], 24, "4 epochs x 6 steps");
     assert!(summary["resumed_from"].as_str().is_some());
+}
+
+/// Rank `rank`'s process among `mpirun`'s children (ranks of other tests' jobs are not).
+fn child_rank_pid(mpirun: &Child, rank: usize) -> Option<u32> {
+    let output = Command::new("pgrep").args(["-P", &mpirun.id().to_string()]).output().ok()?;
+    let wanted = format!("OMPI_COMM_WORLD_RANK={rank}");
+    String::from_utf8_lossy(&output.stdout).split_whitespace().filter_map(|p| p.parse::<u32>().ok()).find(
+        |pid| {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            environ.split(|&b| b == 0).any(|var| var == wanted.as_bytes())
+        },
+    )
+}
+
+/// SIGSTOP of rank 1 mid-epoch (a hung node, a stuck file system): MPI sees no exit, so
+/// without the watchdog rank 0 would wait in its all-reduce for ever. With `dist.timeout_s = 5`
+/// the job ends within 5 + 10 s, and rank 0's message names rank 1 as the one that did not
+/// answer.
+#[test]
+fn a_stopped_rank_ends_the_job_within_the_timeout_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = synth(dir.path());
+    let mut settings = exact_settings(&data);
+    settings.extend(
+        ["--set", "train.epochs=4", "--set", "data.batch_size=8", "--set", "dist.timeout_s=5"]
+            .map(String::from),
+    );
+    let run = dir.path().join("run");
+    let mut job = mpirun(dir.path());
+    job.args(["-np", "2", rtrain_bin(), "train", "--run-dir", "run", "--set", "train.log_every_steps=1"])
+        .args(&settings)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = job.spawn().unwrap();
+    let started = Instant::now();
+    while !std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .contains("\"kind\":\"step\"")
+    {
+        assert!(child.try_wait().unwrap().is_none(), "the job ended before the stop");
+        assert!(started.elapsed() < Duration::from_secs(120), "no step after 2 minutes");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let victim = child_rank_pid(&child, 1).expect("rank 1's process");
+    // SAFETY: kill(2) on a child process of our mpirun.
+    assert_eq!(unsafe { libc::kill(victim as i32, libc::SIGSTOP) }, 0);
+    let stopped_at = Instant::now();
+    let status = common::wait_within(&mut child, Duration::from_secs(15), "job with a stopped rank");
+    let ended_after = stopped_at.elapsed().as_secs_f64();
+    // Whatever happened, leave no stopped process behind.
+    // SAFETY: as above; the process may already be gone.
+    unsafe {
+        libc::kill(victim as i32, libc::SIGKILL);
+    }
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let said = stderr.lines().find(|line| line.contains("ending the job")).unwrap_or_default();
+    eprintln!("job ended {ended_after:.1} s after SIGSTOP of rank 1: {said}");
+    assert!(!status.success(), "mpirun reported success with a stopped rank");
+    assert!(stderr.contains("dist.timeout_s = 5") && stderr.contains("no answer from rank 1"), "{stderr}");
 }
 
 /// Tears the simulated cluster down however the test ends.

@@ -15,6 +15,7 @@ mod mpi;
 pub mod nccl;
 pub mod runtime;
 pub mod signals;
+pub mod watchdog;
 pub mod wire;
 
 use std::sync::Arc;

@@ -12,7 +12,12 @@ use mpi::topology::{Color, Communicator as _};
 use mpi::traits::*;
 use mpi::Threading;
 
+use super::watchdog::{RollCall, Wait, Watchdog};
 use super::wire::Wire;
+
+/// Message tags of the watchdogs' roll call: the call, and the answer "present".
+const ROLL_CALL: c_int = 1;
+const PRESENT: c_int = 2;
 use super::{hostname, AllreduceAlgorithm, Communicator, DistError, Topology};
 use crate::cluster::launcher::LaunchInfo;
 
@@ -29,6 +34,9 @@ pub struct MpiCommunicator {
     /// A duplicate of `world` for the model's own collectives (SyncBatchNorm), which the
     /// training thread runs while the communication thread uses `world`.
     model: ffi::MPI_Comm,
+    /// The collective watchdog's thread (jobs of more than one rank); declared before the
+    /// universe, so it stops before MPI is finalised.
+    _watchdog: Option<Watchdog>,
     /// MPI reduction operations summing bf16 and fp16 values (compressed gradients).
     sum_bf16: ffi::MPI_Op,
     sum_fp16: ffi::MPI_Op,
@@ -87,10 +95,15 @@ impl MpiCommunicator {
         }
         let (sum_bf16, sum_fp16) = (create_op(sum_bf16), create_op(sum_fp16));
         let model = duplicate(world.as_raw());
+        let watchdog = (world_size > 1).then(|| {
+            let watch = duplicate(world.as_raw());
+            Watchdog::start(WatchPort { topology: topology.clone(), world: world.as_raw(), watch })
+        });
         Ok(MpiCommunicator {
             topology,
             world: world.as_raw(),
             model,
+            _watchdog: watchdog,
             sum_bf16,
             sum_fp16,
             _universe: universe,
@@ -145,6 +158,7 @@ impl Communicator for MpiCommunicator {
     }
 
     fn broadcast_bytes(&self, data: &mut [u8], root: usize) {
+        let _wait = Wait::begin("a broadcast");
         let root = c_int::try_from(root).unwrap_or(0);
         for chunk in data.chunks_mut(c_int::MAX as usize) {
             // SAFETY: `chunk` is writable for its length on every rank; root's is read.
@@ -161,6 +175,7 @@ impl Communicator for MpiCommunicator {
     }
 
     fn barrier(&self) {
+        let _wait = Wait::begin("a barrier");
         // SAFETY: a collective on a valid communicator.
         unsafe {
             ffi::MPI_Barrier(self.world);
@@ -194,6 +209,7 @@ impl MpiCommunicator {
         (datatype, op): (ffi::MPI_Datatype, ffi::MPI_Op),
         poll: std::time::Duration,
     ) {
+        let _wait = Wait::begin("a gradient all-reduce");
         for chunk in data.chunks_mut(c_int::MAX as usize) {
             // SAFETY: MPI_Request is a plain handle; REQUEST_NULL is its empty value.
             let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
@@ -233,6 +249,7 @@ impl MpiCommunicator {
         data: &mut [T],
         (datatype, op): (ffi::MPI_Datatype, ffi::MPI_Op),
     ) {
+        let _wait = Wait::begin("an all-reduce");
         for chunk in data.chunks_mut(c_int::MAX as usize) {
             // SAFETY: an in-place reduction of `chunk.len()` elements of `datatype` in memory we
             // borrow mutably; MPI's default error handler aborts the job on failure, so there
@@ -248,6 +265,107 @@ impl MpiCommunicator {
                 );
             }
         }
+    }
+}
+
+/// The watchdog's side of the job ([`RollCall`]): plain MPI handles, so that its thread holds no
+/// reference to the communicator whose drop finalises MPI.
+struct WatchPort {
+    topology: Topology,
+    world: ffi::MPI_Comm,
+    watch: ffi::MPI_Comm,
+}
+
+// SAFETY: MPI handles used from the watchdog thread under MPI_THREAD_MULTIPLE; the thread is
+// joined before MPI_Finalize (MpiCommunicator's Watchdog is dropped before its Universe).
+unsafe impl Send for WatchPort {}
+
+impl RollCall for WatchPort {
+    fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    fn answer_roll_calls(&self) {
+        while let Some(caller) = self.receive_byte(ROLL_CALL) {
+            let byte = 1u8;
+            // SAFETY: one byte to a rank of the watch communicator; a blocking send of one byte
+            // goes out eagerly, without waiting for the receiver.
+            unsafe {
+                ffi::MPI_Send((&raw const byte).cast(), 1, ffi::RSMPI_UINT8_T, caller, PRESENT, self.watch);
+            }
+        }
+    }
+
+    fn roll_call(&self, within: std::time::Duration) -> Vec<usize> {
+        static CALL: u8 = 1;
+        let me = self.topology.rank;
+        let mut silent: Vec<usize> = (0..self.topology.world_size).filter(|&r| r != me).collect();
+        for &rank in &silent {
+            // SAFETY: MPI_Request is a plain handle; the buffer is a static, valid for ever (the
+            // request is never completed: the job ends right after the roll call).
+            unsafe {
+                let mut request = ffi::RSMPI_REQUEST_NULL;
+                ffi::MPI_Isend(
+                    (&raw const CALL).cast_mut().cast(),
+                    1,
+                    ffi::RSMPI_UINT8_T,
+                    rank as c_int,
+                    ROLL_CALL,
+                    self.watch,
+                    &mut request,
+                );
+            }
+        }
+        let started = std::time::Instant::now();
+        while !silent.is_empty() && started.elapsed() < within {
+            // Other waiting ranks may be calling too.
+            self.answer_roll_calls();
+            match self.receive_byte(PRESENT) {
+                Some(present) => silent.retain(|&rank| rank as c_int != present),
+                None => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        }
+        silent
+    }
+
+    fn abort(&self, code: i32) -> ! {
+        // SAFETY: MPI_Abort on a valid communicator; it does not return.
+        unsafe {
+            ffi::MPI_Abort(self.world, code);
+        }
+        std::process::exit(code)
+    }
+}
+
+impl WatchPort {
+    /// Receives a one-byte message with `tag` on the watch communicator if one has arrived;
+    /// returns its sender.
+    fn receive_byte(&self, tag: c_int) -> Option<c_int> {
+        let mut arrived: c_int = 0;
+        let mut status = std::mem::MaybeUninit::<ffi::MPI_Status>::uninit();
+        // SAFETY: probes the watch communicator; MPI fills `status` when a message arrived.
+        unsafe {
+            ffi::MPI_Iprobe(ffi::RSMPI_ANY_SOURCE, tag, self.watch, &mut arrived, status.as_mut_ptr());
+        }
+        if arrived == 0 {
+            return None;
+        }
+        // SAFETY: set by the successful probe above.
+        let source = unsafe { status.assume_init() }.MPI_SOURCE;
+        let mut byte = 0u8;
+        // SAFETY: receives the one byte that was probed.
+        unsafe {
+            ffi::MPI_Recv(
+                (&raw mut byte).cast(),
+                1,
+                ffi::RSMPI_UINT8_T,
+                source,
+                tag,
+                self.watch,
+                ffi::RSMPI_STATUS_IGNORE,
+            );
+        }
+        Some(source)
     }
 }
 

@@ -11,6 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use super::trainer::Trainer;
 use super::{policy, reduce_totals, sync_buffers, TrainError};
 use crate::cluster::signals::Preempted;
+use crate::cluster::watchdog;
 use crate::cluster::Communicator;
 use crate::data::dataset::Dataset;
 use crate::data::loader::Loader;
@@ -67,6 +68,7 @@ pub fn train_epoch(
             return Err(TrainError::EmptyBatch { step: step_in_epoch, dir: dataset.root().to_path_buf() });
         }
         let lr = trainer.lr();
+        watchdog::set_phase("a training step", trainer.steps() + 1);
         let output = trainer.step(model, &batch.images, &batch.labels)?;
         let samples = batch.indices.len() as u64;
         totals.loss_sum += output.loss * samples as f64;

@@ -19,13 +19,14 @@ pub mod trainer;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tch::{Device, Kind};
 
 use crate::cluster::grad_sync::{GradSync, GradSyncError, Reducer, SyncOptions};
 use crate::cluster::nccl::Nccl;
 use crate::cluster::signals::{self, Preempted};
+use crate::cluster::watchdog;
 use crate::cluster::wire::Wire;
 use crate::cluster::{self, Communicator, DistError};
 use crate::data::dataset::{DataError, Dataset};
@@ -111,6 +112,7 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     let steps_per_epoch = plan.steps_per_epoch(data.train.len(), data.train.root())?;
     let mut trainer = Trainer::new(plan, &model, data.classes(), steps_per_epoch);
     let hosts = cluster::gather_strings(comm.as_ref(), &plan.topology.host);
+    watchdog::set_hosts(hosts.clone());
     let mut out = RunDir::open(paths, plan.topology.is_root())?;
     let resume_from = broadcast_resume_checkpoint(comm.as_ref(), plan, &out)?;
     let position = match &resume_from {
@@ -126,13 +128,16 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     }
     trainer.sync = join_gradient_sync(plan, &model, comm)?;
     log_start(plan, &data, steps_per_epoch, out.paths());
+    watchdog::set_limit(Duration::from_secs_f64(plan.config.dist.timeout_s));
     for epoch in position.epoch..plan.last_epoch {
         let resumed = position.within(epoch, plan.topology.is_root());
         let totals =
             epoch::train_epoch(&mut trainer, &model, &data.train, comm.as_ref(), &mut out, resumed, epoch)?;
         let totals = reduce_totals(comm.as_ref(), &totals);
         sync_buffers(comm.as_ref(), &model);
+        watchdog::set_phase("evaluation", trainer.steps());
         let val = eval::evaluate_split(&model, &data.val, plan, comm.as_ref())?;
+        watchdog::set_phase("checkpoint", trainer.steps());
         trainer.finish_epoch(&model, epoch, &totals, val, &mut out)?;
         if trainer.stop_at_epoch_end && epoch + 1 < plan.last_epoch {
             comm.barrier();
