@@ -932,7 +932,7 @@ mod tests {
             config.validate().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             count += 1;
         }
-        assert!(count >= 6, "{count} configs");
+        assert!(count >= 5, "{count} configs");
     }
 
     #[test]
