@@ -25,26 +25,7 @@ use crate::run_dir::manifest::LIBTORCH_VERSION;
 /// Below this much free space in the run directory's filesystem, checkpoints may not fit
 /// (a ResNet-50 checkpoint with SGD momentum is about 200 MB; `checkpoint.keep_last` of them).
 pub const MIN_RUN_DIR_FREE: u64 = 1 << 30;
-/// Docker and Podman give containers a 64 MiB `/dev/shm`; Open MPI's shared-memory transport
-/// puts its segments there and fails or falls back to slow paths when it is that small.
-pub const MIN_SHM_FREE: u64 = 256 << 20;
-
-/// Free space of the filesystem that holds `path`, or would hold it once created (the nearest
-/// existing ancestor is measured).
-pub fn available_bytes(path: &Path) -> Option<u64> {
-    let absolute = std::path::absolute(path).ok()?;
-    let existing = absolute.ancestors().find(|p| p.exists())?;
-    let c_path = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()).ok()?;
-    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: c_path is NUL-terminated and stat is a valid out-pointer for statvfs.
-    if unsafe { libc::statvfs(c_path.as_ptr(), stat.as_mut_ptr()) } != 0 {
-        return None;
-    }
-    // SAFETY: statvfs returned 0, so it filled `stat`.
-    let stat = unsafe { stat.assume_init() };
-    #[allow(clippy::unnecessary_cast)] // the field types differ between libc targets
-    Some(stat.f_bavail as u64 * stat.f_frsize as u64)
-}
+pub use crate::util::memory::{available_bytes, MIN_SHM_FREE};
 
 /// A directory rtrain needs, and what is known about it.
 #[derive(Debug, Clone, PartialEq, Serialize)]

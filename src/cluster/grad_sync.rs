@@ -15,7 +15,10 @@
 //!   preemption signal, [`super::signals`]) sets it before backward, and after the all-reduce
 //!   every rank sees whether any rank did, at the same step, at no cost of its own.
 //! - The communication thread sums with NCCL when the gradients are on GPUs and every rank has
-//!   it ([`super::nccl`]), else with MPI through host memory ([`Reducer`]).
+//!   it ([`super::nccl`]), else with MPI through host memory ([`Reducer`]). With NCCL, a
+//!   bucket's all-reduce runs on a CUDA stream of its own, ordered by events: the hook records
+//!   "ready" on the compute stream, and [`GradSync::finish`] makes the compute stream wait for
+//!   every bucket's "done" before the optimizer step.
 
 use std::collections::BTreeSet;
 use std::os::raw::c_void;
@@ -23,9 +26,9 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
-use super::nccl::Nccl;
+use super::nccl::{self, Nccl, NcclApi, NcclError};
 use super::wire::Wire;
 use super::{all_reduce_mean_compressed_in_background, all_reduce_mean_in_background, Communicator};
 use crate::util::shim::{check, ffi, ShimError};
@@ -46,6 +49,8 @@ pub enum GradSyncError {
     #[error("the gradient communication thread has stopped")]
     ThreadGone,
     #[error(transparent)]
+    Nccl(#[from] NcclError),
+    #[error(transparent)]
     Shim(#[from] ShimError),
 }
 
@@ -54,7 +59,29 @@ pub enum Reducer {
     /// MPI, on a host copy of GPU tensors (CPU tensors in place); `poll` as in [`SyncOptions`].
     Mpi,
     /// NCCL between the ranks' GPUs, on the GPU.
-    Nccl(Nccl),
+    Nccl(Arc<Nccl>),
+}
+
+/// How buckets are averaged, the same on every rank: MPI when the ranks compute on CPUs; NCCL
+/// when every rank computes on a GPU and NCCL's set-up succeeds on all of them; MPI again,
+/// with a warning, when the set-up falls back. Ranks on different kinds of device, or a set-up
+/// that failed, are an error on every rank. A collective.
+pub fn choose_reducer(
+    comm: &Arc<dyn Communicator>,
+    device: Device,
+    load: impl FnOnce() -> Result<Arc<dyn NcclApi>, NcclError>,
+) -> Result<Reducer, NcclError> {
+    if !nccl::agree_on_device_kind(comm.as_ref(), device)? {
+        return Ok(Reducer::Mpi);
+    }
+    match Nccl::join(comm, device, load) {
+        Ok(nccl) => Ok(Reducer::Nccl(Arc::new(nccl))),
+        Err(err @ NcclError::Fallback { .. }) => {
+            tracing::warn!("{err}");
+            Ok(Reducer::Mpi)
+        }
+        Err(err) => Err(err),
+    }
 }
 
 impl Reducer {
@@ -95,6 +122,10 @@ struct Plan {
     jobs: Option<Sender<Job>>,
     /// Send buckets during backward as they fill (else all at `finish`: no overlap).
     overlap: bool,
+    /// With NCCL: marks each bucket's gradients ready on the compute stream as it launches.
+    gpu: Option<Arc<Nccl>>,
+    /// The first error marking a bucket ready (on the backward thread); `finish` reports it.
+    gpu_error: Option<NcclError>,
 }
 
 /// How gradients are synchronised (the `[dist]` settings that matter here).
@@ -123,12 +154,18 @@ impl Plan {
         let bucket = self.bucket_of[index];
         self.pending[bucket] -= 1;
         while self.overlap && self.next_launch < self.pending.len() && self.pending[self.next_launch] == 0 {
-            self.launch(self.next_launch);
+            let next = self.next_launch;
+            self.launch(next);
             self.next_launch += 1;
         }
     }
 
-    fn launch(&self, bucket: usize) {
+    fn launch(&mut self, bucket: usize) {
+        if let Some(gpu) = &self.gpu {
+            if let Err(err) = gpu.bucket_ready(bucket) {
+                self.gpu_error.get_or_insert(err);
+            }
+        }
         if let Some(jobs) = &self.jobs {
             // A closed channel means the thread is gone; `finish` reports it.
             let _ = jobs.send(Job { bucket, flat: self.flats[bucket].shallow_clone() });
@@ -186,6 +223,10 @@ impl GradSync {
             }
         }
         let (names, params): (Vec<String>, Vec<Tensor>) = params.into_iter().unzip();
+        let gpu = match &reducer {
+            Reducer::Nccl(nccl) => Some(Arc::clone(nccl)),
+            Reducer::Mpi => None,
+        };
         let (jobs, job_queue) = mpsc::channel::<Job>();
         let (done_sender, done) = mpsc::channel();
         let worker_comm = comm.clone();
@@ -204,6 +245,8 @@ impl GradSync {
             twice: None,
             jobs: Some(jobs),
             overlap,
+            gpu,
+            gpu_error: None,
         };
         let mut sync = GradSync {
             names,
@@ -271,13 +314,21 @@ impl GradSync {
                 return Err(GradSyncError::ReadyTwice { name: self.names[index].clone() });
             }
             while plan.next_launch < plan.sizes.len() {
-                plan.launch(plan.next_launch);
+                let next = plan.next_launch;
+                plan.launch(next);
                 plan.next_launch += 1;
+            }
+            if let Some(err) = plan.gpu_error.take() {
+                return Err(err.into());
             }
             plan.sizes.len()
         };
         for _ in 0..buckets {
             self.done.recv().map_err(|_| GradSyncError::ThreadGone)?;
+        }
+        let gpu = self.lock().gpu.clone();
+        if let Some(gpu) = gpu {
+            gpu.compute_waits_for(buckets)?;
         }
         // Averaged like the gradients: positive when any rank raised it. (On a GPU, reading it
         // waits for the all-reduce, which the optimizer step does anyway.)
@@ -393,6 +444,13 @@ fn communicate(
     (poll, wire): (std::time::Duration, Option<Wire>),
 ) {
     let mut scratch = Vec::new();
+    if let Reducer::Nccl(nccl) = reducer {
+        // CUDA's current device is per thread: NCCL's calls must come from this rank's GPU.
+        if let Err(err) = nccl.bind_thread() {
+            tracing::error!("gradient communication thread: {err}");
+            comm.abort(1);
+        }
+    }
     for mut job in jobs {
         match (reducer, wire) {
             (Reducer::Mpi, None) => all_reduce_mean_in_background(comm, &mut job.flat, poll),
@@ -400,7 +458,7 @@ fn communicate(
                 all_reduce_mean_compressed_in_background(comm, &mut job.flat, wire, &mut scratch, poll);
             }
             (Reducer::Nccl(nccl), wire) => {
-                if let Err(err) = nccl.all_reduce_mean(&mut job.flat, wire) {
+                if let Err(err) = nccl.all_reduce_mean(job.bucket, &mut job.flat, wire) {
                     tracing::error!("gradient all-reduce of bucket {}: {err}", job.bucket);
                     comm.abort(1);
                 }

@@ -362,6 +362,50 @@ pub fn gather_strings(comm: &dyn Communicator, value: &str) -> Vec<String> {
         .collect()
 }
 
+/// A rank that failed a step all ranks took together, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankFailure {
+    pub rank: usize,
+    pub host: String,
+    pub cause: String,
+}
+
+impl std::fmt::Display for RankFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "rank {} on {}: {}", self.rank, self.host, self.cause)
+    }
+}
+
+/// Every failure of a step, for one message: "rank 1 on a: ...; rank 3 on b: ...".
+pub fn describe_failures(failures: &[RankFailure]) -> String {
+    failures.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+/// Whether every rank succeeded at a step they all took (a set-up stage): one all-reduce of a
+/// flag per rank; when any failed, the ranks also gather the hosts and causes, so that every
+/// rank returns the same failures and can act on them alike. A collective.
+pub fn agree(comm: &dyn Communicator, outcome: Result<(), String>) -> Result<(), Vec<RankFailure>> {
+    let topology = comm.topology();
+    if topology.world_size == 1 {
+        return outcome.map_err(|cause| vec![RankFailure { rank: 0, host: topology.host.clone(), cause }]);
+    }
+    let mut failed = vec![0.0f64; topology.world_size];
+    failed[topology.rank] = f64::from(u8::from(outcome.is_err()));
+    comm.all_reduce_sum_f64(&mut failed);
+    if failed.iter().all(|&f| f == 0.0) {
+        return Ok(());
+    }
+    let hosts = gather_strings(comm, &topology.host);
+    let causes = gather_strings(comm, outcome.err().as_deref().unwrap_or_default());
+    Err(failed
+        .iter()
+        .zip(hosts.into_iter().zip(causes))
+        .enumerate()
+        .filter(|(_, (&f, _))| f > 0.0)
+        .map(|(rank, (_, (host, cause)))| RankFailure { rank, host, cause })
+        .collect())
+}
+
 /// `root`'s string on every rank (a run directory, a checkpoint path).
 pub fn broadcast_string(comm: &dyn Communicator, value: &str, root: usize) -> String {
     if comm.topology().world_size == 1 {

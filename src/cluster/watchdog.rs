@@ -60,6 +60,17 @@ pub fn set_phase(phase: &'static str, global_step: u64) {
     GLOBAL_STEP.store(global_step, Ordering::Relaxed);
 }
 
+/// How long a collective may wait now.
+pub fn limit() -> Duration {
+    Duration::from_millis(LIMIT_MS.load(Ordering::SeqCst))
+}
+
+/// What the job is doing, for messages: "a training step (global step 12)".
+pub fn doing() -> String {
+    let phase = *PHASE.lock().unwrap_or_else(|p| p.into_inner());
+    format!("{phase} (global step {})", GLOBAL_STEP.load(Ordering::Relaxed))
+}
+
 /// A collective in progress on this rank; registered until dropped.
 pub struct Wait(u64);
 
@@ -98,7 +109,7 @@ impl Watchdog {
                     .iter()
                     .map(|&(_, at, what)| (at, what))
                     .min();
-                let limit = Duration::from_millis(LIMIT_MS.load(Ordering::SeqCst));
+                let limit = limit();
                 if let Some((since, collective)) = oldest.filter(|(since, _)| since.elapsed() > limit) {
                     give_up(&port, since.elapsed(), collective, limit);
                 }
@@ -130,8 +141,6 @@ impl Drop for Watchdog {
 fn give_up(port: &impl RollCall, waited: Duration, collective: &str, limit: Duration) -> ! {
     let topology = port.topology();
     let silent = port.roll_call(ROLL_CALL_WAIT);
-    let phase = *PHASE.lock().unwrap_or_else(|p| p.into_inner());
-    let step = GLOBAL_STEP.load(Ordering::Relaxed);
     let hosts = HOSTS.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let named = |rank: &usize| match hosts.get(*rank) {
         Some(host) => format!("{rank} on {host}"),
@@ -147,11 +156,12 @@ fn give_up(port: &impl RollCall, waited: Duration, collective: &str, limit: Dura
         ),
     };
     tracing::error!(
-        "rank {} on {}: waited {:.0} s in {collective} during {phase} (global step {step}), longer than \
+        "rank {} on {}: waited {:.0} s in {collective} during {}, longer than \
          dist.timeout_s = {}; {missing}; ending the job",
         topology.rank,
         topology.host,
         waited.as_secs_f64(),
+        doing(),
         limit.as_secs()
     );
     port.abort(1)

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use tch::{Device, Kind};
 
-use crate::cluster::grad_sync::{GradSync, GradSyncError, Reducer, SyncOptions};
-use crate::cluster::nccl::Nccl;
+use crate::cluster::grad_sync::{choose_reducer, GradSync, GradSyncError, SyncOptions};
+use crate::cluster::nccl::NcclLibrary;
 use crate::cluster::signals::{self, Preempted};
 use crate::cluster::watchdog;
 use crate::cluster::wire::Wire;
@@ -126,9 +126,10 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
             position.epoch,
         )?;
     }
+    // From here every wait is a training-time one, NCCL's set-up included.
+    watchdog::set_limit(Duration::from_secs_f64(plan.config.dist.timeout_s));
     trainer.sync = join_gradient_sync(plan, &model, comm)?;
     log_start(plan, &data, steps_per_epoch, out.paths());
-    watchdog::set_limit(Duration::from_secs_f64(plan.config.dist.timeout_s));
     for epoch in position.epoch..plan.last_epoch {
         let resumed = position.within(epoch, plan.topology.is_root());
         let totals =
@@ -321,8 +322,8 @@ fn broadcast_resume_checkpoint(
 }
 
 /// How gradients are averaged: not at all with one rank; else NCCL when the ranks train on
-/// GPUs and every one of them can load it, or MPI (through host memory for GPU tensors), with
-/// the reason in the log. A collective (NCCL's set-up).
+/// GPUs and its set-up succeeds on every one of them, or MPI (through host memory for GPU
+/// tensors), with the reason in the log ([`choose_reducer`]). A collective.
 fn join_gradient_sync(
     plan: &RunPlan,
     model: &Model,
@@ -332,16 +333,7 @@ fn join_gradient_sync(
         return Ok(GradientSync::Local);
     }
     let device = plan.compute.device;
-    let reducer = match device.is_cuda() {
-        false => Reducer::Mpi,
-        true => match Nccl::join(comm.as_ref(), device) {
-            Ok(nccl) => Reducer::Nccl(nccl),
-            Err(err) => {
-                tracing::warn!("NCCL not used, gradients go through MPI and host memory: {err}");
-                Reducer::Mpi
-            }
-        },
-    };
+    let reducer = choose_reducer(comm, device, NcclLibrary::load_shared).map_err(GradSyncError::from)?;
     let dist = &plan.config.dist;
     let wire = Wire::of(dist.compress);
     let on_the_wire = wire.map_or("fp32".to_string(), |wire| format!("{wire:?}").to_lowercase());

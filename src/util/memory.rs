@@ -1,4 +1,5 @@
-//! Process memory: allocator tuning for training, and reading what the process holds.
+//! Memory: allocator tuning for training, reading what the process holds, and the free space
+//! of a filesystem (run directories, /dev/shm).
 //!
 //! libtorch allocates activations and gradients with the C library's malloc. glibc serves
 //! blocks above 128 KiB with fresh mmap()s and returns them on free, so every training step
@@ -34,4 +35,25 @@ fn status_mib(key: &str) -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let kib: f64 = status.lines().find(|l| l.starts_with(key))?.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024.0)
+}
+
+/// Docker and Podman give containers a 64 MiB `/dev/shm`; Open MPI's shared-memory transport
+/// puts its segments there and fails or falls back to slow paths when it is that small.
+pub const MIN_SHM_FREE: u64 = 256 << 20;
+
+/// Free space of the filesystem that holds `path`, or would hold it once created (the nearest
+/// existing ancestor is measured).
+pub fn available_bytes(path: &std::path::Path) -> Option<u64> {
+    let absolute = std::path::absolute(path).ok()?;
+    let existing = absolute.ancestors().find(|p| p.exists())?;
+    let c_path = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: c_path is NUL-terminated and stat is a valid out-pointer for statvfs.
+    if unsafe { libc::statvfs(c_path.as_ptr(), stat.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled `stat`.
+    let stat = unsafe { stat.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // the field types differ between libc targets
+    Some(stat.f_bavail as u64 * stat.f_frsize as u64)
 }
