@@ -265,7 +265,8 @@ pub enum DataCommand {
         #[arg(long)]
         no_progress: bool,
     },
-    /// Extract a tar or tar.gz archive into DEST, refusing entries that would escape it.
+    /// Extract a tar, tar.gz or zip archive into DEST, refusing entries that would escape it
+    /// (and, in zips, encrypted entries, compression bombs and overlapping entries).
     Extract {
         archive: PathBuf,
         dest: PathBuf,

@@ -1,12 +1,19 @@
-//! Archive extraction: unpacking a downloaded tar or tar.gz into a new directory without
+//! Archive extraction: unpacking a downloaded tar, tar.gz or zip into a new directory without
 //! trusting anything the archive says.
 //!
 //! A dataset archive comes from elsewhere, so every entry is checked before anything is
 //! written: names must stay inside the destination (no absolute paths, no `..`), links must
 //! point inside it, only regular files, directories and such links are accepted, and the entry
-//! count and unpacked size are capped so that a small archive cannot fill the disk. The tar crate
-//! only parses; the files are written here, to paths computed and checked here, and never
-//! through a symbolic link that an earlier entry created.
+//! count and unpacked size are capped so that a small archive cannot fill the disk. The tar and
+//! zip crates only parse; the files are written here, to paths computed and checked here, and
+//! never through a symbolic link that an earlier entry created.
+//!
+//! Zip archives (what data portals such as DesignSafe's Data Depot hand out) get the same rules
+//! and three of their own, checked from the central directory before anything is written:
+//! encrypted entries are refused with a message saying so; an entry that would unpack to more
+//! than [`MAX_RATIO`] times its compressed size (past [`RATIO_FLOOR`]) is refused as a
+//! compression bomb; and entries whose data overlap (the trick that lets a small zip unpack to
+//! petabytes by reusing one compressed stream) are refused.
 //!
 //! The tree is built in a hidden sibling of the destination and renamed into place when
 //! complete ([`super::atomic_dir`]), so a failed or refused extraction leaves no destination and
@@ -60,6 +67,14 @@ pub struct Extracted {
 const MAX_EXTENSION_HEADER: u64 = 1 << 20;
 /// Read and write granularity for file contents.
 const CHUNK: usize = 256 * 1024;
+/// A zip entry unpacking to more than this many times its compressed size is a compression
+/// bomb. Photos and most data compress far less (JPEGs about 1x, text 3-10x); deflate's
+/// ceiling is about 1,032x, reached only by long runs of one byte.
+pub const MAX_RATIO: u64 = 100;
+/// Entries smaller than this unpacked are never taken for bombs (a small file of zeros is not).
+pub const RATIO_FLOOR: u64 = 16 << 20;
+/// The longest symbolic link target read from a zip entry's data.
+const MAX_LINK_TARGET: u64 = 4096;
 
 /// Why an archive was not extracted. Each message names the archive, and the entry where one
 /// is to blame.
@@ -82,6 +97,8 @@ pub enum ExtractError {
         #[source]
         source: io::Error,
     },
+    #[error("{}: cannot read it as a zip archive (corrupt or truncated): {message}", archive.display())]
+    ZipRead { archive: PathBuf, message: String },
     #[error("{}: cannot read entry {entry:?} (corrupt or truncated archive)", archive.display())]
     ReadEntry {
         archive: PathBuf,
@@ -131,12 +148,15 @@ pub fn extract(archive: &Path, dest: &Path, limits: &ExtractLimits) -> Result<Ex
     };
     // Fail before reading a possibly large archive when the result could not be published.
     atomic_dir::ensure_free(dest)?;
-    let reader = open_archive(archive)?;
+    let format = open_archive(archive)?;
     let staging = atomic_dir::staging_dir(dest, &format!(".{}.partial-", name.to_string_lossy()))?;
 
     let unpacker = Unpacker::new(archive, staging.path(), limits);
     // On error `staging` is dropped here, removing everything written so far.
-    let extracted = unpacker.run(reader)?;
+    let extracted = match format {
+        Format::Tar(reader) => unpacker.run(reader)?,
+        Format::Zip(file) => unpacker.run_zip(file)?,
+    };
 
     // One filesystem-wide flush instead of an fsync per file: datasets hold millions of small
     // files. It must precede the rename, or a crash could publish a tree of empty files.
@@ -165,9 +185,15 @@ pub fn extract(archive: &Path, dest: &Path, limits: &ExtractLimits) -> Result<Ex
     Ok(extracted)
 }
 
-/// Opens `archive` as a stream of tar blocks, decompressing gzip; other compressions are named
-/// and refused rather than failing later as a corrupt tar.
-fn open_archive(archive: &Path) -> Result<Box<dyn Read>, ExtractError> {
+/// An opened archive: a stream of tar blocks, or a zip file (read by its central directory).
+enum Format {
+    Tar(Box<dyn Read>),
+    Zip(File),
+}
+
+/// Opens `archive` as a stream of tar blocks, decompressing gzip, or as a zip file; other
+/// compressions are named and refused rather than failing later as a corrupt tar.
+fn open_archive(archive: &Path) -> Result<Format, ExtractError> {
     let io_error = |action, source| ExtractError::Io { path: archive.to_path_buf(), action, source };
     let mut file = File::open(archive).map_err(|source| io_error("open", source))?;
     let mut magic = [0u8; 6];
@@ -177,12 +203,14 @@ fn open_archive(archive: &Path) -> Result<Box<dyn Read>, ExtractError> {
         |format, tool| ExtractError::Unsupported { archive: archive.to_path_buf(), format, tool };
     match &magic[..len] {
         [] => Err(ExtractError::Empty { archive: archive.to_path_buf() }),
-        [0x1f, 0x8b, ..] => Ok(Box::new(MultiGzDecoder::new(file))),
+        [0x1f, 0x8b, ..] => Ok(Format::Tar(Box::new(MultiGzDecoder::new(file)))),
+        // A local file header, or the end-of-central-directory record of an empty zip.
+        [b'P', b'K', 3, 4, ..] | [b'P', b'K', 5, 6, ..] => Ok(Format::Zip(file)),
         [0x28, 0xb5, 0x2f, 0xfd, ..] => Err(unsupported("zstd", "zstd -d")),
         [0xfd, b'7', b'z', b'X', b'Z', 0x00] => Err(unsupported("xz", "xz -d")),
         [b'B', b'Z', b'h', ..] => Err(unsupported("bzip2", "bzip2 -d")),
         // Anything else goes to the tar parser, which rejects a non-tar by its header checksum.
-        _ => Ok(Box::new(BufReader::with_capacity(CHUNK, file))),
+        _ => Ok(Format::Tar(Box::new(BufReader::with_capacity(CHUNK, file)))),
     }
 }
 
@@ -247,6 +275,28 @@ impl<R: Read> Read for Metered<R> {
     }
 }
 
+/// What is written of a regular file besides its bytes.
+struct FileMeta {
+    /// As declared by the archive; the data must have exactly this length.
+    size: u64,
+    executable: bool,
+    /// Seconds since the Unix epoch.
+    mtime: Option<u64>,
+}
+
+/// Where a zip entry lies in the archive file, from its local header to the end of its data.
+struct ZipSpan {
+    name: String,
+    start: u64,
+    end: u64,
+}
+
+/// `S_IFMT` and the file types of a Unix mode (zip entries made on Unix record one).
+const S_IFMT: u32 = 0o170_000;
+const S_IFREG: u32 = 0o100_000;
+const S_IFDIR: u32 = 0o040_000;
+const S_IFLNK: u32 = 0o120_000;
+
 /// Writes checked entries under `root`, the staging directory.
 struct Unpacker<'a> {
     archive: &'a Path,
@@ -300,6 +350,120 @@ impl<'a> Unpacker<'a> {
             allowance.set(size.saturating_add(511).saturating_add(MAX_EXTENSION_HEADER));
         }
         Ok(Extracted { files: self.files, bytes: self.bytes })
+    }
+
+    fn run_zip(mut self, file: File) -> Result<Extracted, ExtractError> {
+        let mut zip = zip::ZipArchive::new(BufReader::with_capacity(CHUNK, file)).map_err(|err| {
+            ExtractError::ZipRead { archive: self.archive.to_path_buf(), message: err.to_string() }
+        })?;
+        self.check_zip(&mut zip)?;
+        for index in 0..zip.len() {
+            let mut entry = zip.by_index(index).map_err(|err| self.zip_entry_error(index, err))?;
+            let name = entry.name().to_string();
+            let mode = entry.unix_mode();
+            let kind = match mode.map(|mode| mode & S_IFMT) {
+                _ if entry.is_dir() => Kind::Dir,
+                Some(S_IFLNK) => Kind::Symlink,
+                None | Some(0) | Some(S_IFREG) => Kind::File,
+                Some(S_IFDIR) => Kind::Dir,
+                Some(_) => return Err(self.refuse(&name, "it is a device file, FIFO or socket")),
+            };
+            let rel = relative_path(name.as_bytes()).map_err(|reason| self.refuse(&name, reason))?;
+            if rel.as_os_str().is_empty() {
+                // `./` names the destination itself, which the staging directory already is.
+                match kind {
+                    Kind::Dir => continue,
+                    _ => return Err(self.refuse(&name, "it has an empty name")),
+                }
+            }
+            match kind {
+                Kind::File => {
+                    let meta = FileMeta {
+                        size: entry.size(),
+                        executable: mode.is_some_and(|mode| mode & 0o111 != 0),
+                        mtime: None,
+                    };
+                    self.write_file(&mut entry, meta, &rel, &name)?;
+                }
+                Kind::Dir => self.make_dir(&rel, &name)?,
+                Kind::Symlink => {
+                    // A zip stores a link's target as the entry's data.
+                    let mut target = Vec::new();
+                    (&mut entry).take(MAX_LINK_TARGET + 1).read_to_end(&mut target).map_err(|source| {
+                        ExtractError::ReadEntry {
+                            archive: self.archive.to_path_buf(),
+                            entry: name.clone(),
+                            source,
+                        }
+                    })?;
+                    if target.len() as u64 > MAX_LINK_TARGET {
+                        return Err(self.refuse(&name, "its symbolic link target is longer than 4096 bytes"));
+                    }
+                    self.make_symlink(&target, &rel, &name)?;
+                }
+                Kind::HardLink => unreachable!("zip archives have no hard links"),
+            }
+        }
+        Ok(Extracted { files: self.files, bytes: self.bytes })
+    }
+
+    /// The zip-wide checks, from the central directory and local headers, before anything is
+    /// written: entry count, declared size, encryption, compression ratio, overlapping data.
+    fn check_zip<R: Read + Seek>(&mut self, zip: &mut zip::ZipArchive<R>) -> Result<(), ExtractError> {
+        let mut spans = Vec::with_capacity(zip.len());
+        for index in 0..zip.len() {
+            let entry = zip.by_index_raw(index).map_err(|err| self.zip_entry_error(index, err))?;
+            let name = entry.name().to_string();
+            self.entries += 1;
+            if self.entries > self.limits.max_entries {
+                return Err(ExtractError::TooManyEntries {
+                    archive: self.archive.to_path_buf(),
+                    limit: self.limits.max_entries,
+                });
+            }
+            if entry.encrypted() {
+                return Err(self.refuse(
+                    &name,
+                    "it is encrypted (password-protected), which rtrain does not read: extract the \
+                     archive with its password (`7z x` or `unzip -P`) and use the folder",
+                ));
+            }
+            let (size, packed) = (entry.size(), entry.compressed_size());
+            self.declared = self.declared.saturating_add(size);
+            if self.declared > self.limits.max_bytes {
+                return Err(self.too_large(&name));
+            }
+            if size > RATIO_FLOOR && size > packed.saturating_mul(MAX_RATIO) {
+                let reason = format!(
+                    "it would unpack {size} bytes from {packed} ({}x), past the {MAX_RATIO}x that marks a \
+                     compression bomb",
+                    size / packed.max(1)
+                );
+                return Err(self.refuse(&name, reason));
+            }
+            let start = entry.header_start();
+            let end = entry.data_start().unwrap_or(start).saturating_add(packed);
+            spans.push(ZipSpan { name, start, end });
+        }
+        spans.sort_by_key(|span| span.start);
+        for pair in spans.windows(2) {
+            if pair[1].start < pair[0].end {
+                let reason = format!(
+                    "its data overlap those of entry {:?} (overlapping entries are how zip bombs \
+                     multiply their output)",
+                    pair[0].name
+                );
+                return Err(self.refuse(&pair[1].name, reason));
+            }
+        }
+        Ok(())
+    }
+
+    fn zip_entry_error(&self, index: usize, err: zip::result::ZipError) -> ExtractError {
+        ExtractError::ZipRead {
+            archive: self.archive.to_path_buf(),
+            message: format!("entry {index}: {err}"),
+        }
     }
 
     fn read_error(&self, source: io::Error) -> ExtractError {
@@ -372,9 +536,20 @@ impl<'a> Unpacker<'a> {
             };
         }
         match kind {
-            Kind::File => self.write_file(entry, &rel, &name),
+            Kind::File => {
+                let header = entry.header();
+                let meta = FileMeta {
+                    size,
+                    executable: header.mode().is_ok_and(|mode| mode & 0o111 != 0),
+                    mtime: header.mtime().ok(),
+                };
+                self.write_file(entry, meta, &rel, &name)
+            }
             Kind::Dir => self.make_dir(&rel, &name),
-            Kind::Symlink => self.make_symlink(entry, &rel, &name),
+            Kind::Symlink => match entry.link_name_bytes() {
+                Some(target) => self.make_symlink(&target, &rel, &name),
+                None => Err(self.refuse(&name, "it is a symbolic link without a target")),
+            },
             Kind::HardLink => self.make_hard_link(entry, &rel, &name),
         }
     }
@@ -391,9 +566,10 @@ impl<'a> Unpacker<'a> {
         ExtractError::Io { path, action, source }
     }
 
-    fn write_file<R: Read>(
+    fn write_file(
         &mut self,
-        entry: &mut tar::Entry<'_, R>,
+        entry: &mut dyn Read,
+        meta: FileMeta,
         rel: &Path,
         name: &str,
     ) -> Result<(), ExtractError> {
@@ -408,7 +584,7 @@ impl<'a> Unpacker<'a> {
             .open(&path)
             .map_err(|source| Self::io_error(path.clone(), "create", source))?;
 
-        let expected = entry.size();
+        let expected = meta.size;
         let mut written = 0u64;
         loop {
             let n = match entry.read(&mut self.buf) {
@@ -439,12 +615,10 @@ impl<'a> Unpacker<'a> {
             });
         }
 
-        let header = entry.header();
-        let executable = header.mode().is_ok_and(|mode| mode & 0o111 != 0);
-        let mode = if executable { 0o755 } else { 0o644 };
+        let mode = if meta.executable { 0o755 } else { 0o644 };
         file.set_permissions(Permissions::from_mode(mode))
             .map_err(|source| Self::io_error(path.clone(), "set permissions on", source))?;
-        if let Ok(mtime) = header.mtime() {
+        if let Some(mtime) = meta.mtime {
             // Cosmetic, so a time the filesystem cannot store is not worth failing over.
             let _ = file.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(mtime));
         }
@@ -524,23 +698,15 @@ impl<'a> Unpacker<'a> {
         }
     }
 
-    fn make_symlink<R: Read>(
-        &mut self,
-        entry: &tar::Entry<'_, R>,
-        rel: &Path,
-        name: &str,
-    ) -> Result<(), ExtractError> {
-        let Some(target) = entry.link_name_bytes() else {
-            return Err(self.refuse(name, "it is a symbolic link without a target"));
-        };
-        if let Err(reason) = check_symlink_target(rel, &target) {
-            let reason = format!("symbolic link to {:?} {reason}", String::from_utf8_lossy(&target));
+    fn make_symlink(&mut self, target: &[u8], rel: &Path, name: &str) -> Result<(), ExtractError> {
+        if let Err(reason) = check_symlink_target(rel, target) {
+            let reason = format!("symbolic link to {:?} {reason}", String::from_utf8_lossy(target));
             return Err(self.refuse(name, reason));
         }
         self.make_parents(rel, name)?;
         let path = self.root.join(rel);
         self.clear_slot(&path, false, name)?;
-        std::os::unix::fs::symlink(OsStr::from_bytes(&target), &path)
+        std::os::unix::fs::symlink(OsStr::from_bytes(target), &path)
             .map_err(|source| Self::io_error(path, "create symbolic link", source))
     }
 
