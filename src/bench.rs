@@ -59,7 +59,8 @@ pub struct LoaderBench {
     /// A shard directory or an image tree (as `data.root`).
     pub root: std::path::PathBuf,
     pub split: String,
-    pub image_size: u32,
+    /// The training transform timed (its size, policy, geometry, draft decoding).
+    pub transform: crate::data::transforms::Transform,
     pub batch_size: usize,
     pub workers: usize,
     pub prefetch: usize,
@@ -74,6 +75,8 @@ pub struct LoaderBenchResult {
     pub source: &'static str,
     pub workers: usize,
     pub image_size: u32,
+    /// Whether JPEGs were decoded at reduced DCT scale (`data.jpeg_draft`).
+    pub jpeg_draft: bool,
     pub images: usize,
     pub seconds: f64,
     pub images_per_second: f64,
@@ -89,7 +92,7 @@ pub struct LoaderBenchResult {
 /// Times `options.batches` training batches (after one warm-up batch) over a seeded
 /// permutation of the split, cycling through it if the split is shorter.
 pub fn bench_loader(options: &LoaderBench) -> Result<LoaderBenchResult, BenchError> {
-    use crate::data::{loader, transforms};
+    use crate::data::loader;
     // The loader's threads do the work; libtorch only allocates the batch tensors.
     tch::set_num_threads(1);
     let data = crate::data::open_split(&options.root, &options.split)?;
@@ -97,7 +100,7 @@ pub fn bench_loader(options: &LoaderBench) -> Result<LoaderBenchResult, BenchErr
     let wanted = (options.batches + 1) * options.batch_size;
     let permutation = crate::data::sampler::epoch_permutation(data.len(), 0, 0);
     let order: Vec<usize> = permutation.iter().copied().cycle().take(wanted).collect();
-    let transform = transforms::Transform::train(options.image_size, transforms::Augment::default());
+    let transform = options.transform.clone();
     let loader_options = loader::LoaderOptions {
         batch_size: options.batch_size,
         workers: options.workers,
@@ -123,7 +126,8 @@ pub fn bench_loader(options: &LoaderBench) -> Result<LoaderBenchResult, BenchErr
         framework: "rtrain",
         source,
         workers: options.workers,
-        image_size: options.image_size,
+        image_size: options.transform.size(),
+        jpeg_draft: options.transform.jpeg_draft,
         images,
         seconds,
         images_per_second,

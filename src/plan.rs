@@ -120,7 +120,14 @@ impl RunPlan {
             }),
             TrainGeometry::Resize => Geometry::Resize { hflip: d.hflip },
         };
-        Transform { size: d.image_size, policy: d.augment_policy.policy(), geometry, normalize: d.normalize }
+        Transform {
+            size: d.image_size,
+            policy: d.augment_policy.policy(),
+            geometry,
+            normalize: d.normalize,
+            jpeg_draft: d.jpeg_draft,
+            exif_orientation: d.exif_orientation,
+        }
     }
 
     pub fn eval_transform(&self) -> Transform {
@@ -131,7 +138,14 @@ impl RunPlan {
             }
             EvalGeometry::Resize => Geometry::Resize { hflip: false },
         };
-        Transform { size: d.image_size, policy: None, geometry, normalize: d.normalize }
+        Transform {
+            size: d.image_size,
+            policy: None,
+            geometry,
+            normalize: d.normalize,
+            jpeg_draft: d.jpeg_draft,
+            exif_orientation: d.exif_orientation,
+        }
     }
 
     /// The loader's options for training batches; decoding yields to the model when both share

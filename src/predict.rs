@@ -8,7 +8,8 @@ use serde::Serialize;
 use tch::{Kind, Tensor};
 
 use crate::config::Config;
-use crate::data::decode::{decode, DecodeError};
+use crate::data::decode::DecodeError;
+use crate::data::loader::transform_encoded;
 use crate::data::transforms::{self, Transform};
 use crate::model::precision::{Compute, ShimError};
 use crate::model::Model;
@@ -57,12 +58,12 @@ impl Classifier<'_> {
     pub fn classify(&self, path: &Path, top: usize) -> Result<Prediction, PredictError> {
         let bytes =
             std::fs::read(path).map_err(|source| PredictError::Read { path: path.to_path_buf(), source })?;
-        let image =
-            decode(&bytes).map_err(|source| PredictError::Decode { path: path.to_path_buf(), source })?;
         let size = i64::from(self.image_size);
         let mut pixels = vec![0f32; 3 * (size * size) as usize];
         let mut rng = transforms::sample_rng(0, 0, 0);
-        transforms::apply(&image, &self.transform, &mut rng, &mut pixels);
+        // As evaluation decodes it (draft scale, orientation), so a prediction agrees with it.
+        transform_encoded(&bytes, &self.transform, &mut rng, &mut pixels)
+            .map_err(|source| PredictError::Decode { path: path.to_path_buf(), source })?;
         let input = self.compute.input(&Tensor::from_slice(&pixels).view([1, 3, size, size]))?;
         let probabilities = tch::no_grad(|| -> Result<Tensor, ShimError> {
             let _autocast = self.compute.autocast()?;

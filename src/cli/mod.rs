@@ -17,11 +17,12 @@ use crate::cluster::{job, AllreduceAlgorithm};
 use crate::config::{GradCompression, LoadedConfig};
 use crate::data::ingest::{extract, fetch, idx, synth};
 use crate::data::shards;
+use crate::data::transforms::{Augment, Transform};
 use crate::doctor;
 use crate::jobs;
 use crate::model::precision::{Compute, Precision};
 use crate::model::{weights, Arch};
-use crate::plan::Resume;
+use crate::plan::{Resume, RunPlan};
 use crate::predict;
 use crate::report::{self, runs::RunData, scaling};
 use crate::run_dir::checkpoint;
@@ -130,6 +131,13 @@ pub struct DoctorArgs {
     pub json: bool,
 }
 
+/// `rtrain data synth --layout`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum SynthLayout {
+    Facades,
+    Designsafe,
+}
+
 #[derive(Debug, Args)]
 pub struct ConfigArgs {
     /// TOML configuration file (layered over the built-in defaults).
@@ -204,6 +212,20 @@ pub enum DataCommand {
         val_per_class: usize,
         #[arg(long, default_value_t = 96)]
         image_size: u32,
+        /// `facades`: train/val, four damage levels, square --image-size JPEGs. `designsafe`: the
+        /// case study's Train/Validation, C0/C2/C4, camera and phone JPEGs of mixed sizes (up to
+        /// 6000x4000), some stored sideways with an Exif orientation tag.
+        #[arg(long, value_enum, default_value_t = SynthLayout::Facades)]
+        layout: SynthLayout,
+        /// designsafe: training photos in all (the case study has 1322).
+        #[arg(long, default_value_t = 1322)]
+        train_images: usize,
+        /// designsafe: validation photos in all (the case study has 363).
+        #[arg(long, default_value_t = 363)]
+        val_images: usize,
+        /// designsafe: every photo's sides times this (1 = full camera size; 0.1 for quick tests).
+        #[arg(long, default_value_t = 1.0)]
+        photo_scale: f64,
     },
     /// Convert IDX files (MNIST, Fashion-MNIST) into OUT/<split>/<class>/*.png.
     ImportIdx {
@@ -238,6 +260,10 @@ pub enum DataCommand {
         /// Seeds the order of samples across shards.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// With --resize, turn photos upright by their Exif orientation before re-encoding
+        /// (the new file has no tag); false keeps the stored pixels.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        exif_orientation: bool,
     },
     /// Re-hash a shard directory against its manifest.json; names every bad shard.
     Verify { dir: PathBuf },
@@ -377,8 +403,13 @@ pub enum BenchCommand {
         data: PathBuf,
         #[arg(long, default_value = "train")]
         split: String,
-        #[arg(long, default_value_t = 224)]
-        image_size: u32,
+        /// Output side; default 224, or data.image_size with --config/--set.
+        #[arg(long)]
+        image_size: Option<u32>,
+        /// Time a configuration's training transform (policy, geometry, data.jpeg_draft,
+        /// data.exif_orientation) instead of torchvision's RandomResizedCrop + flip.
+        #[command(flatten)]
+        config: ConfigArgs,
         #[arg(long, default_value_t = 32)]
         batch_size: usize,
         /// Decoding threads (0: on the iterating thread).
@@ -597,8 +628,24 @@ fn cmd_report(args: ReportArgs) -> Result<()> {
 
 fn cmd_data(command: DataCommand) -> Result<()> {
     match command {
-        DataCommand::Synth { out, seed, train_per_class, val_per_class, image_size } => {
-            let options = synth::SynthOptions { seed, train_per_class, val_per_class, image_size };
+        DataCommand::Synth {
+            out,
+            seed,
+            train_per_class,
+            val_per_class,
+            image_size,
+            layout,
+            train_images,
+            val_images,
+            photo_scale,
+        } => {
+            let layout = match layout {
+                SynthLayout::Facades => synth::Layout::Facades,
+                SynthLayout::Designsafe => {
+                    synth::Layout::DesignSafe { train_images, val_images, photo_scale }
+                }
+            };
+            let options = synth::SynthOptions { seed, train_per_class, val_per_class, image_size, layout };
             let summary = synth::generate(&out, &options)?;
             println!(
                 "{}: {} training and {} validation images",
@@ -613,9 +660,15 @@ fn cmd_data(command: DataCommand) -> Result<()> {
             let written = idx::import(&images, &labels, &out, &split, limit, names)?;
             println!("{}: {written} images", out.join(&split).display());
         }
-        DataCommand::Prepare { src, out, splits, shard_mb, resize, quality, seed } => {
-            let options =
-                shards::PrepareOptions { splits, shard_bytes: shard_mb << 20, resize, quality, seed };
+        DataCommand::Prepare { src, out, splits, shard_mb, resize, quality, seed, exif_orientation } => {
+            let options = shards::PrepareOptions {
+                splits,
+                shard_bytes: shard_mb << 20,
+                resize,
+                quality,
+                seed,
+                exif_orientation,
+            };
             print::prepared_shards(&out, &shards::prepare(&src, &out, &options)?);
         }
         DataCommand::Verify { dir } => {
@@ -720,9 +773,25 @@ fn cmd_bench(command: BenchCommand) -> Result<()> {
             repeats,
             json,
         ),
-        BenchCommand::Loader { data, split, image_size, batch_size, workers, prefetch, batches, json } => {
+        BenchCommand::Loader {
+            data,
+            split,
+            image_size,
+            config,
+            batch_size,
+            workers,
+            prefetch,
+            batches,
+            json,
+        } => {
+            let mut transform = if config.config.is_some() || !config.set.is_empty() {
+                RunPlan::for_inference(&config.load()?.config).train_transform()
+            } else {
+                Transform::train(224, Augment::default())
+            };
+            transform.size = image_size.unwrap_or(transform.size);
             let options =
-                bench::LoaderBench { root: data, split, image_size, batch_size, workers, prefetch, batches };
+                bench::LoaderBench { root: data, split, transform, batch_size, workers, prefetch, batches };
             print::loader(&options, &bench::bench_loader(&options)?, json)
         }
         BenchCommand::Step {

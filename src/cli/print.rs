@@ -156,8 +156,8 @@ pub fn loader(options: &LoaderBench, result: &LoaderBenchResult, json: bool) -> 
             options.root.display(),
             result.source,
             result.images_per_second,
-            options.image_size,
-            options.image_size,
+            result.image_size,
+            result.image_size,
             options.workers,
             result.images_per_second_per_core,
             result.peak_rss_mib.unwrap_or(f64::NAN)

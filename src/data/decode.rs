@@ -6,6 +6,13 @@
 //! the rectangle it will read (drawing its random crop from the image size), and decodes only
 //! that: rows above and below are skipped and columns outside are cropped. PNGs and JPEGs that
 //! libjpeg cannot turn into RGB (CMYK) go through the `image` crate, whole.
+//!
+//! Two departures from Pillow's default pixels are the caller's choice ([`decode_request`]): a
+//! JPEG may be decoded reduced to 1/2, 1/4 or 1/8 of its size in the DCT domain (Pillow's
+//! `Image.draft`), which makes a camera photo several times cheaper to decode when the network
+//! sees 244 pixels of it; and the Exif orientation may be applied (Pillow's
+//! `ImageOps.exif_transpose`), in which case the caller sees the photo's displayed size and
+//! asks for rectangles of the displayed image.
 
 use std::ffi::{c_char, c_int, CStr};
 use std::marker::PhantomData;
@@ -13,6 +20,7 @@ use std::ptr::NonNull;
 
 use image::RgbImage;
 
+use super::orientation::Orientation;
 use super::transforms::Crop;
 
 /// Why an image could not be decoded.
@@ -30,7 +38,26 @@ pub enum DecodeError {
 pub struct Region {
     /// `3 * rect.width * rect.height` bytes.
     pub pixels: Vec<u8>,
-    /// Where the pixels sit in the image.
+    /// Where the pixels sit in the image as decoded (reduced by `reduction`).
+    pub rect: Crop,
+    /// The image was decoded at 1/`reduction` of its size: 1, 2, 4 or 8.
+    pub reduction: u32,
+}
+
+pub use super::transforms::REDUCTIONS;
+
+/// The length of a side of `len` pixels decoded at 1/`reduction` of its size (libjpeg rounds
+/// up).
+pub fn reduced_len(len: u32, reduction: u32) -> u32 {
+    len.div_ceil(reduction.max(1))
+}
+
+/// What [`decode_request`]'s caller asks for, given the image's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// Decode at 1/`reduction` of the size: 1, 2, 4 or 8 (a PNG is always decoded at 1).
+    pub reduction: u32,
+    /// The rectangle wanted, in the reduced image (of [`reduced_len`] sides).
     pub rect: Crop,
 }
 
@@ -40,14 +67,13 @@ pub struct Region {
 /// # Errors
 /// The decoder's complaint when `bytes` is not a readable image.
 pub fn decode(bytes: &[u8]) -> Result<RgbImage, DecodeError> {
-    let region = decode_region(bytes, |width, height| Some(Crop { top: 0, left: 0, height, width }))?;
-    let Crop { width, height, .. } = region.rect;
-    Ok(RgbImage::from_raw(width, height, region.pixels).expect("a region holds width * height RGB pixels"))
+    decode_whole(bytes, false, |_, _| 1)
 }
 
-/// Decodes the part of an image that `choose` asks for, given the image's width and height.
-/// The result may be larger than asked (a PNG is decoded whole); `None` decodes nothing.
-/// `choose` is called exactly once for a readable header.
+/// Decodes the part of an image that `choose` asks for, given the image's width and height, at
+/// full size and as stored (no Exif orientation): the pixels torchvision + Pillow see. The
+/// result may be larger than asked (a PNG is decoded whole); `None` decodes nothing. `choose`
+/// is called exactly once for a readable header.
 ///
 /// # Errors
 /// The decoder's complaint when `bytes` is not a readable image.
@@ -58,6 +84,29 @@ pub fn decode_region(
     bytes: &[u8],
     choose: impl FnOnce(u32, u32) -> Option<Crop>,
 ) -> Result<Region, DecodeError> {
+    decode_request(bytes, false, |width, height| {
+        choose(width, height).map(|rect| Request { reduction: 1, rect })
+    })
+}
+
+/// Decodes what `choose` asks for, given the image's width and height (as displayed when
+/// `exif_orientation`, else as stored): a rectangle of the image reduced by a factor of its
+/// choice. The result may differ from the request: a PNG is decoded whole at full size, so
+/// read [`Region::reduction`] and [`Region::rect`]. `None` decodes nothing. `choose` is called
+/// exactly once for a readable header.
+///
+/// # Errors
+/// The decoder's complaint when `bytes` is not a readable image.
+///
+/// # Panics
+/// If `choose` returns a rectangle outside the reduced image or a reduction other than 1, 2, 4
+/// or 8 (caller bugs).
+pub fn decode_request(
+    bytes: &[u8],
+    exif_orientation: bool,
+    choose: impl FnOnce(u32, u32) -> Option<Request>,
+) -> Result<Region, DecodeError> {
+    let orientation = if exif_orientation { Orientation::of(bytes) } else { Orientation::Upright };
     if is_jpeg(bytes) {
         let jpeg = Jpeg::open(bytes)?;
         // A region decode stops after the region's last row, so libjpeg would notice a
@@ -69,28 +118,58 @@ pub fn decode_region(
         }
         // libjpeg makes RGB from grey and YCbCr; CMYK and YCCK are left to the image crate.
         if jpeg.components == 1 || jpeg.components == 3 {
-            let rect = choose(jpeg.width, jpeg.height);
-            let Some(rect) = rect.filter(|r| r.width > 0 && r.height > 0) else {
+            let (width, height) = orientation.displayed_size(jpeg.width, jpeg.height);
+            let Some(Request { reduction, rect }) =
+                choose(width, height).filter(|r| r.rect.width > 0 && r.rect.height > 0)
+            else {
                 return Ok(Region {
                     pixels: Vec::new(),
                     rect: Crop { top: 0, left: 0, height: 0, width: 0 },
+                    reduction: 1,
                 });
             };
+            assert!(REDUCTIONS.contains(&reduction), "reduction {reduction} is not 1, 2, 4 or 8");
+            let (stored_w, stored_h) =
+                (reduced_len(jpeg.width, reduction), reduced_len(jpeg.height, reduction));
+            let (shown_w, shown_h) = orientation.displayed_size(stored_w, stored_h);
             assert!(
-                rect.left + rect.width <= jpeg.width && rect.top + rect.height <= jpeg.height,
-                "region {rect:?} lies outside the {}x{} image",
-                jpeg.width,
-                jpeg.height
+                rect.left + rect.width <= shown_w && rect.top + rect.height <= shown_h,
+                "region {rect:?} lies outside the {shown_w}x{shown_h} image"
             );
-            let pixels = jpeg.read(rect)?;
-            return Ok(Region { pixels, rect });
+            let stored = orientation.stored_rect(rect, stored_w, stored_h);
+            let pixels = jpeg.read(reduction, stored)?;
+            let pixels = orientation.turn(&pixels, stored, rect, stored_w, stored_h);
+            return Ok(Region { pixels, rect, reduction });
         }
     }
     let image = image::load_from_memory(bytes)?.into_rgb8();
-    let (width, height) = image.dimensions();
+    let (stored_w, stored_h) = image.dimensions();
+    let (width, height) = orientation.displayed_size(stored_w, stored_h);
     // Called for its side effects (the caller's random draws), whatever it asks for.
     let _ = choose(width, height);
-    Ok(Region { pixels: image.into_raw(), rect: Crop { top: 0, left: 0, height, width } })
+    let all = Crop { top: 0, left: 0, height: stored_h, width: stored_w };
+    let rect = Crop { top: 0, left: 0, height, width };
+    let pixels = orientation.turn(image.as_raw(), all, rect, stored_w, stored_h);
+    Ok(Region { pixels, rect, reduction: 1 })
+}
+
+/// Decodes the whole image, reduced by the factor `reduction_for` picks from its width and
+/// height (as displayed when `exif_orientation`), and turned upright when `exif_orientation`.
+///
+/// # Errors
+/// The decoder's complaint when `bytes` is not a readable image.
+pub fn decode_whole(
+    bytes: &[u8],
+    exif_orientation: bool,
+    reduction_for: impl FnOnce(u32, u32) -> u32,
+) -> Result<RgbImage, DecodeError> {
+    let region = decode_request(bytes, exif_orientation, |width, height| {
+        let reduction = reduction_for(width, height);
+        let (width, height) = (reduced_len(width, reduction), reduced_len(height, reduction));
+        Some(Request { reduction, rect: Crop { top: 0, left: 0, height, width } })
+    })?;
+    let Crop { width, height, .. } = region.rect;
+    Ok(RgbImage::from_raw(width, height, region.pixels).expect("a region holds width * height RGB pixels"))
 }
 
 /// JPEG's start-of-image marker followed by the start of another marker.
@@ -117,6 +196,7 @@ extern "C" {
     ) -> *mut RawJpeg;
     fn rtrain_jpeg_read(
         jpeg: *mut RawJpeg,
+        reduction: u32,
         left: u32,
         top: u32,
         cols: u32,
@@ -169,9 +249,9 @@ impl<'a> Jpeg<'a> {
         Ok(Self { raw, width, height, components, scan_offset, bytes: PhantomData })
     }
 
-    /// Decodes `rect` (inside the image) to packed RGB rows. Consumes the decoder: libjpeg
-    /// decodes an image once.
-    fn read(self, rect: Crop) -> Result<Vec<u8>, DecodeError> {
+    /// Decodes `rect` (inside the image reduced by `reduction`) to packed RGB rows. Consumes
+    /// the decoder: libjpeg decodes an image once.
+    fn read(self, reduction: u32, rect: Crop) -> Result<Vec<u8>, DecodeError> {
         let mut pixels = vec![0u8; rect.width as usize * rect.height as usize * 3];
         let mut error = [0 as c_char; MESSAGE_LEN];
         // SAFETY: `pixels` holds `rect.width * rect.height` RGB pixels, as the shim writes;
@@ -179,6 +259,7 @@ impl<'a> Jpeg<'a> {
         let status = unsafe {
             rtrain_jpeg_read(
                 self.raw.as_ptr(),
+                reduction,
                 rect.left,
                 rect.top,
                 rect.width,

@@ -19,7 +19,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::dataset::DataError;
 use super::dataset::Dataset;
-use super::decode::{decode, decode_region};
+use super::decode::{decode_request, decode_whole, DecodeError, Request};
 use super::transforms::{self, sample_rng, Plan, Transform};
 
 /// One batch of transformed images.
@@ -158,9 +158,8 @@ impl Job {
     }
 }
 
-/// Decodes sample `index` and writes its transformed pixels into `out`. The transform's plan
-/// is drawn from the image's size as soon as the header is read, so only the pixels it reads
-/// are decoded (for a JPEG).
+/// Decodes sample `index` and writes its transformed pixels into `out`; see
+/// [`transform_encoded`].
 fn decode_transformed(
     dataset: &dyn Dataset,
     index: usize,
@@ -169,23 +168,43 @@ fn decode_transformed(
     out: &mut [f32],
 ) -> Result<(), DataError> {
     let bytes = dataset.encoded(index)?;
+    transform_encoded(&bytes, transform, rng, out)
+        .map_err(|source| DataError::Decode { path: dataset.describe(index).into(), source })
+}
+
+/// Decodes an encoded image and writes its transformed pixels into `out`. The transform's plan
+/// is drawn from the image's size as soon as the header is read, so only the pixels it reads
+/// are decoded (for a JPEG), and with `jpeg_draft` at the smallest DCT scale that still gives
+/// the plan as many pixels as it writes.
+pub fn transform_encoded(
+    bytes: &[u8],
+    transform: &Transform,
+    rng: &mut ChaCha8Rng,
+    out: &mut [f32],
+) -> Result<(), DecodeError> {
     if transform.policy.is_some() {
-        // The policy's operations read the whole image: decode it all.
-        let image = decode(&bytes)
-            .map_err(|source| DataError::Decode { path: dataset.describe(index).into(), source })?;
+        // The policy's operations read the whole image: decode it all, reduced as far as the
+        // geometry after it allows whatever it draws.
+        let image = decode_whole(bytes, transform.exif_orientation, |width, height| {
+            if transform.jpeg_draft {
+                transform.whole_image_reduction(width, height)
+            } else {
+                1
+            }
+        })?;
         transforms::apply(&image, transform, rng, out);
         return Ok(());
     }
     let mut plan = None;
-    let region = decode_region(&bytes, |width, height| {
+    let region = decode_request(bytes, transform.exif_orientation, |width, height| {
         let drawn = Plan::new(width, height, transform, rng);
-        let source = drawn.source();
+        let reduction = if transform.jpeg_draft { drawn.max_reduction() } else { 1 };
+        let request = drawn.reduced(reduction).source().map(|rect| Request { reduction, rect });
         plan = Some(drawn);
-        source
-    })
-    .map_err(|source| DataError::Decode { path: dataset.describe(index).into(), source })?;
-    let plan = plan.expect("decode_region asks for the region once the header is read");
-    plan.render(&region.pixels, region.rect, out);
+        request
+    })?;
+    let plan = plan.expect("decode_request asks for the region once the header is read");
+    plan.reduced(region.reduction).render(&region.pixels, region.rect, out);
     Ok(())
 }
 

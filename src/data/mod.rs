@@ -6,9 +6,11 @@
 pub mod autoaugment;
 pub mod dataset;
 pub mod decode;
+pub mod encode;
 pub mod folder;
 pub mod ingest;
 pub mod loader;
+pub mod orientation;
 pub mod sampler;
 pub mod shards;
 pub mod transforms;

@@ -28,8 +28,11 @@ use sha2::{Digest, Sha256};
 
 use super::dataset::DataError;
 use super::dataset::Dataset;
+use super::decode::{decode_request, reduced_len, Request};
+use super::encode::{encode_jpeg, Subsampling};
 use super::folder::ImageFolder;
 use super::ingest::atomic_dir::{self, AtomicDirError};
+use super::transforms::{largest_reduction, resize_rgb, Crop};
 
 /// The shard manifest's file name, in a shard directory.
 pub const MANIFEST: &str = "shards.json";
@@ -150,7 +153,9 @@ pub enum ShardError {
     #[error(transparent)]
     Output(#[from] AtomicDirError),
     #[error("re-encoding {}: {source}", path.display())]
-    Encode { path: PathBuf, source: image::ImageError },
+    Decode { path: PathBuf, source: crate::data::decode::DecodeError },
+    #[error("re-encoding {}: {source}", path.display())]
+    Encode { path: PathBuf, source: crate::data::encode::EncodeError },
 }
 
 /// How `rtrain data prepare` writes shards.
@@ -167,6 +172,9 @@ pub struct PrepareOptions {
     pub quality: u8,
     /// Seeds the order of samples across shards.
     pub seed: u64,
+    /// When re-encoding, turn photos upright by their Exif orientation first (the re-encoded
+    /// file carries no tag); false keeps the pixels as stored.
+    pub exif_orientation: bool,
 }
 
 impl Default for PrepareOptions {
@@ -177,6 +185,7 @@ impl Default for PrepareOptions {
             resize: None,
             quality: 90,
             seed: 0,
+            exif_orientation: true,
         }
     }
 }
@@ -202,24 +211,29 @@ fn sample_bytes(path: &Path, options: &PrepareOptions) -> Result<(Vec<u8>, &'sta
         };
         return Ok((bytes, ext));
     };
-    let decoded = image::ImageReader::open(path)
-        .map_err(io_err(path))?
-        .with_guessed_format()
-        .map_err(io_err(path))?
-        .decode()
-        .map_err(|source| ShardError::Encode { path: path.to_path_buf(), source })?
-        .into_rgb8();
-    let (w, h) = decoded.dimensions();
-    let resized = if w.min(h) > short {
-        let scale = f64::from(short) / f64::from(w.min(h));
-        let (nw, nh) = ((f64::from(w) * scale).round() as u32, (f64::from(h) * scale).round() as u32);
-        image::imageops::resize(&decoded, nw.max(1), nh.max(1), image::imageops::FilterType::Triangle)
-    } else {
-        decoded
-    };
-    let mut bytes = Vec::new();
-    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut bytes, options.quality)
-        .encode_image(&resized)
+    let bytes = fs::read(path).map_err(io_err(path))?;
+    // Decoded and resampled as training decodes and resamples (DCT-scaled as far as the new
+    // size allows, PIL's antialiased bilinear filter), so a prepared image is what training
+    // would have made of the original at that size.
+    let mut size = (0, 0);
+    let mut target = (0, 0);
+    let region = decode_request(&bytes, options.exif_orientation, |w, h| {
+        size = (w, h);
+        target = if w.min(h) > short {
+            let scale = f64::from(short) / f64::from(w.min(h));
+            (((f64::from(w) * scale).round() as u32).max(1), ((f64::from(h) * scale).round() as u32).max(1))
+        } else {
+            (w, h)
+        };
+        let ratio = (f64::from(w) / f64::from(target.0)).min(f64::from(h) / f64::from(target.1));
+        let reduction = largest_reduction(ratio);
+        let rect =
+            Crop { top: 0, left: 0, width: reduced_len(w, reduction), height: reduced_len(h, reduction) };
+        Some(Request { reduction, rect })
+    })
+    .map_err(|source| ShardError::Decode { path: path.to_path_buf(), source })?;
+    let resized = resize_rgb(&region.pixels, region.rect, size, region.reduction, target.0, target.1);
+    let bytes = encode_jpeg(resized.as_raw(), target.0, target.1, options.quality, Subsampling::Quarter, &[])
         .map_err(|source| ShardError::Encode { path: path.to_path_buf(), source })?;
     Ok((bytes, "jpg"))
 }
@@ -776,6 +790,30 @@ mod tests {
             .filter(|n| n.to_string_lossy().contains("partial"))
             .collect();
         assert_eq!(leftovers, Vec::<std::ffi::OsString>::new());
+    }
+
+    #[test]
+    fn resize_turns_sideways_photos_upright_unless_told_not_to() {
+        use crate::data::ingest::photos::KINDS;
+        use crate::data::ingest::synth::photo;
+        use crate::data::orientation::Orientation;
+        use rand::SeedableRng;
+        let dir = tempfile::tempdir().unwrap();
+        let kind = KINDS.iter().find(|k| k.orientation == Orientation::TurnedRight).unwrap();
+        for split in ["train", "val"] {
+            let class = dir.path().join("src").join(split).join("a");
+            fs::create_dir_all(&class).unwrap();
+            let bytes = photo(0, kind, 0.05, &mut rand_chacha::ChaCha8Rng::seed_from_u64(1)).unwrap();
+            fs::write(class.join("phone.jpg"), bytes).unwrap();
+        }
+        for (exif_orientation, portrait) in [(true, true), (false, false)] {
+            let out = dir.path().join(format!("shards-{exif_orientation}"));
+            let options = PrepareOptions { resize: Some(40), exif_orientation, ..PrepareOptions::default() };
+            prepare(&dir.path().join("src"), &out, &options).unwrap();
+            let image = ShardSet::open(&out, "train").unwrap().load(0).unwrap();
+            assert_eq!(image.width().min(image.height()), 40);
+            assert_eq!(image.height() > image.width(), portrait, "exif_orientation = {exif_orientation}");
+        }
     }
 
     #[test]

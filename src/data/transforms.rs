@@ -68,17 +68,37 @@ pub struct Transform {
     pub geometry: Geometry,
     /// `Normalize(IMAGENET_MEAN, IMAGENET_STD)` after `ToTensor`; off, values are in [0, 1].
     pub normalize: bool,
+    /// Decode JPEGs at the smallest DCT scale (1/2, 1/4, 1/8) that still leaves the resampler
+    /// at least the pixels it writes (Pillow's `draft`): much faster for large photos, pixels
+    /// slightly different from a full decode (`data.jpeg_draft`).
+    pub jpeg_draft: bool,
+    /// Show each photo as its Exif orientation says (`data.exif_orientation`).
+    pub exif_orientation: bool,
 }
 
 impl Transform {
     /// torchvision's training transform: random resized crop (and flip), normalised.
     pub fn train(size: u32, augment: Augment) -> Self {
-        Self { size, policy: None, geometry: Geometry::RandomResizedCrop(augment), normalize: true }
+        Self {
+            size,
+            policy: None,
+            geometry: Geometry::RandomResizedCrop(augment),
+            normalize: true,
+            jpeg_draft: false,
+            exif_orientation: false,
+        }
     }
 
     /// torchvision's evaluation transform: resize, centre crop, normalised.
     pub fn eval(size: u32, resize: u32) -> Self {
-        Self { size, policy: None, geometry: Geometry::ResizeCenterCrop { resize }, normalize: true }
+        Self {
+            size,
+            policy: None,
+            geometry: Geometry::ResizeCenterCrop { resize },
+            normalize: true,
+            jpeg_draft: false,
+            exif_orientation: false,
+        }
     }
 
     /// Output side length: every image becomes `3 × size × size` values.
@@ -91,6 +111,37 @@ impl Transform {
         let s = self.size() as usize;
         3 * s * s
     }
+
+    /// The largest reduction (8, 4, 2 or 1) at which a `width` x `height` image still has at
+    /// least as many pixels as the geometry samples from it, on each axis, whatever the random
+    /// draws: for a policy, which must see the whole image before the geometry is drawn. For
+    /// `RandomResizedCrop` that is its smallest crop.
+    pub fn whole_image_reduction(&self, width: u32, height: u32) -> u32 {
+        let (w, h) = (f64::from(width), f64::from(height));
+        let size = f64::from(self.size.max(1));
+        let (across, down) = match &self.geometry {
+            Geometry::Resize { .. } => (w / size, h / size),
+            Geometry::ResizeCenterCrop { resize } => {
+                let (new_w, new_h) = resized_dims(width, height, *resize);
+                (w / f64::from(new_w.max(1)), h / f64::from(new_h.max(1)))
+            }
+            Geometry::RandomResizedCrop(augment) => {
+                // The smallest area at the most extreme aspect ratios.
+                let area = w * h * augment.scale.0.min(augment.scale.1).max(0.0);
+                let (lo, hi) = (augment.ratio.0.min(augment.ratio.1), augment.ratio.0.max(augment.ratio.1));
+                ((area * lo).sqrt().min(w) / size, (area / hi).sqrt().min(h) / size)
+            }
+        };
+        largest_reduction(across.min(down))
+    }
+}
+
+/// The reductions libjpeg decodes at in the DCT domain (1/8 .. 1/1 of the size), largest first.
+pub const REDUCTIONS: [u32; 4] = [8, 4, 2, 1];
+
+/// The largest of 8, 4, 2 and 1 that is at most `ratio` (source pixels per output pixel).
+pub fn largest_reduction(ratio: f64) -> u32 {
+    REDUCTIONS.into_iter().find(|&r| f64::from(r) <= ratio).unwrap_or(1)
 }
 
 /// A crop rectangle in image pixel coordinates, as `RandomResizedCrop.get_params` returns
@@ -216,6 +267,20 @@ pub struct Plan {
     normalize: bool,
 }
 
+/// The source segment an axis resamples: `len` pixels from `start`, in pixels of the image as
+/// decoded. Whole pixels at full size; fractions once the image is decoded reduced.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Segment {
+    start: f64,
+    len: f64,
+}
+
+impl Segment {
+    fn whole(start: u32, len: u32) -> Self {
+        Self { start: f64::from(start), len: f64::from(len) }
+    }
+}
+
 impl Plan {
     /// The plan for an image of `width` x `height` pixels.
     pub fn new(width: u32, height: u32, transform: &Transform, rng: &mut ChaCha8Rng) -> Self {
@@ -233,8 +298,8 @@ impl Plan {
             }
             Geometry::ResizeCenterCrop { resize } => {
                 let (new_w, new_h) = resized_dims(width, height, *resize);
-                let x = Axis::new(0, width, new_w, center_offset(new_w, size), size);
-                let y = Axis::new(0, height, new_h, center_offset(new_h, size), size);
+                let x = Axis::new(Segment::whole(0, width), new_w, center_offset(new_w, size), size);
+                let y = Axis::new(Segment::whole(0, height), new_h, center_offset(new_h, size), size);
                 Self { size: size as usize, resample: Some((x, y, false)), normalize: true }
             }
             Geometry::Resize { hflip } => {
@@ -251,9 +316,32 @@ impl Plan {
         if size == 0 || crop.width == 0 || crop.height == 0 {
             return Self { size: size as usize, resample: None, normalize: true };
         }
-        let x = Axis::new(crop.left, crop.width, size, 0, size);
-        let y = Axis::new(crop.top, crop.height, size, 0, size);
+        let x = Axis::new(Segment::whole(crop.left, crop.width), size, 0, size);
+        let y = Axis::new(Segment::whole(crop.top, crop.height), size, 0, size);
         Self { size: size as usize, resample: Some((x, y, flip)), normalize: true }
+    }
+
+    /// The largest reduction (8, 4, 2 or 1) at which the image still has at least as many
+    /// pixels as this plan samples from it on each axis: the DCT scale to decode at when
+    /// `data.jpeg_draft` is on.
+    pub fn max_reduction(&self) -> u32 {
+        let Some((x, y, _)) = &self.resample else {
+            return 1;
+        };
+        let ratio = |axis: &Axis| axis.segment.len / f64::from(axis.dst_len.max(1));
+        largest_reduction(ratio(x).min(ratio(y)))
+    }
+
+    /// The same plan for the image decoded at 1/`reduction` of its size: the same source
+    /// rectangle, in the reduced image's (fractional) pixels. `reduced(1)` is the plan itself.
+    pub fn reduced(&self, reduction: u32) -> Self {
+        let resample = self.resample.as_ref().map(|(x, y, flip)| {
+            if reduction <= 1 {
+                return (x.clone(), y.clone(), *flip);
+            }
+            (x.reduced(reduction), y.reduced(reduction), *flip)
+        });
+        Self { size: self.size, resample, normalize: self.normalize }
     }
 
     /// The rectangle of source pixels the output reads (the crop, widened by the filter's
@@ -328,9 +416,10 @@ fn clip8(acc: i32) -> u8 {
 /// `normalize_coeffs_8bpc` compute them for the bilinear (triangle) filter, so the integer
 /// arithmetic below reproduces torchvision's PIL pipeline bit for bit.
 ///
-/// The source segment `[src_start, src_start + src_len)` is resized to `dst_len` samples, of
+/// The source segment (see [`Segment`]) is resized to `dst_len` samples, of
 /// which only the window `[win_start, win_start + win_len)` is produced; window positions
 /// outside `[0, dst_len)` are zero padding (torchvision's `CenterCrop` of a small image).
+#[derive(Clone)]
 struct Axis {
     /// Per window position: first source index (absolute) and number of taps; `taps == 0`
     /// marks padding.
@@ -338,14 +427,28 @@ struct Axis {
     /// Per window position, `stride` fixed-point weights (only the first `taps` used).
     weights: Vec<i32>,
     stride: usize,
-    /// Length of the source segment and of its full resized extent (not just the window).
+    /// The source segment, the whole pixels it touches, and the length of its full resized
+    /// extent (not just the window).
+    segment: Segment,
     src_len: u32,
     dst_len: u32,
+    /// The window: its first position in the resized extent, and its length.
+    win_start: i64,
+    win_len: u32,
 }
 
 impl Axis {
-    fn new(src_start: u32, src_len: u32, dst_len: u32, win_start: i64, win_len: u32) -> Self {
-        let scale = f64::from(src_len) / f64::from(dst_len.max(1));
+    /// Taps resizing `segment` to `dst_len` samples, of which the window `[win_start,
+    /// win_start + win_len)` is produced. A segment of whole pixels gives PIL's weights
+    /// exactly; a fractional one (a reduced decode) places the filter as PIL does for a
+    /// resize with a box (`precompute_coeffs` with `in0`), clamped to the pixels it touches.
+    fn new(segment: Segment, dst_len: u32, win_start: i64, win_len: u32) -> Self {
+        let src_start = segment.start.floor().max(0.0) as u32;
+        let src_end = (segment.start + segment.len).ceil() as u32;
+        let src_len = src_end.saturating_sub(src_start);
+        // Zero for whole pixels, so that the arithmetic below is PIL's to the last bit.
+        let offset = segment.start - f64::from(src_start);
+        let scale = segment.len / f64::from(dst_len.max(1));
         // Downscaling widens the filter so every source pixel contributes (antialiasing).
         let filter_scale = scale.max(1.0);
         let support = filter_scale; // the triangle filter's support is 1
@@ -361,7 +464,7 @@ impl Axis {
                 spans.push((0, 0));
                 continue;
             }
-            let center = (x as f64 + 0.5) * scale;
+            let center = offset + (x as f64 + 0.5) * scale;
             // C's `(int)` truncation as in PIL; with the clamp at 0 it is a floor.
             let xmin = ((center - support + 0.5) as i64).max(0) as usize;
             let xmax = ((center + support + 0.5) as i64).clamp(0, i64::from(src_len)) as usize;
@@ -384,7 +487,14 @@ impl Axis {
             }
             spans.push((src_start as usize + xmin, taps));
         }
-        Self { spans, weights, stride, src_len, dst_len }
+        Self { spans, weights, stride, segment, src_len, dst_len, win_start, win_len }
+    }
+
+    /// The same taps for the image decoded at 1/`reduction` of its size.
+    fn reduced(&self, reduction: u32) -> Self {
+        let r = f64::from(reduction);
+        let segment = Segment { start: self.segment.start / r, len: self.segment.len / r };
+        Self::new(segment, self.dst_len, self.win_start, self.win_len)
     }
 
     /// Source indices `[lo, hi)` that any non-padding window position reads, if any.
@@ -477,7 +587,7 @@ fn table(normalize: bool) -> &'static Table {
 ///
 /// `src` holds the packed RGB rows of `region`, which contains every source pixel read.
 fn resample(src: &[u8], region: Crop, x: &Axis, y: &Axis, mut sink: Sink) {
-    let size = sink.size;
+    let (out_w, out_h) = (x.win_len as usize, y.win_len as usize);
     let shrink_h = i64::from(y.src_len) - i64::from(y.dst_len);
     let shrink_w = i64::from(x.src_len) - i64::from(x.dst_len);
     let (lo, hi) = (x.source_range(), y.source_range());
@@ -492,7 +602,7 @@ fn resample(src: &[u8], region: Crop, x: &Axis, y: &Axis, mut sink: Sink) {
         "the decoded region does not contain the pixels the transform reads"
     );
     let src_stride = width * 3;
-    let row_len = size * 3;
+    let row_len = out_w * 3;
     // Padding columns have no taps (or all-zero weights), so both passes leave them at 0:
     // black, as torchvision's zero padding is. Padding rows are filled explicitly.
     if shrink_h > 0 && shrink_h > 2 * shrink_w {
@@ -502,7 +612,7 @@ fn resample(src: &[u8], region: Crop, x: &Axis, y: &Axis, mut sink: Sink) {
         let mut acc = vec![0i32; ncols * 3];
         let mut line = vec![0u8; row_len];
         let fixed = x.fixed(col_lo, col_hi);
-        for oy in 0..size {
+        for oy in 0..out_h {
             let (start, weights) = y.taps(oy);
             if weights.is_empty() {
                 sink.black_row(oy);
@@ -531,7 +641,7 @@ fn resample(src: &[u8], region: Crop, x: &Axis, y: &Axis, mut sink: Sink) {
         // Vertical pass: accumulate whole rows (contiguous, so it vectorises).
         let mut acc = vec![0i32; row_len];
         let mut line = vec![0u8; row_len];
-        for oy in 0..size {
+        for oy in 0..out_h {
             let (start, weights) = y.taps(oy);
             if weights.is_empty() {
                 sink.black_row(oy);
@@ -620,58 +730,112 @@ fn horizontal_tap(taps: &[u8], weights: &[i32]) -> [u8; 3] {
     [clip8(acc[0]), clip8(acc[1]), clip8(acc[2])]
 }
 
-/// Writes 8-bit RGB pixels as normalised values into the three CHW planes.
+/// Where resampled rows go: normalised values in three CHW planes (a network input), or 8-bit
+/// RGB rows (an image, for `data prepare --resize`).
+enum Target<'a> {
+    Planes { red: &'a mut [f32], green: &'a mut [f32], blue: &'a mut [f32], table: &'static Table },
+    Rgb(&'a mut [u8]),
+}
+
+/// Writes resampled rows of `width` 8-bit RGB pixels into its target, columns reversed when
+/// `flip`.
 struct Sink<'a> {
-    red: &'a mut [f32],
-    green: &'a mut [f32],
-    blue: &'a mut [f32],
-    table: &'static Table,
-    size: usize,
+    target: Target<'a>,
+    width: usize,
     flip: bool,
 }
 
 impl<'a> Sink<'a> {
+    /// Into `size` x `size` CHW planes of values looked up in `table`.
     fn new(out: &'a mut [f32], size: usize, flip: bool, table: &'static Table) -> Self {
         let (red, rest) = out.split_at_mut(size * size);
         let (green, blue) = rest.split_at_mut(size * size);
-        Self { red, green, blue, table, size, flip }
+        Self { target: Target::Planes { red, green, blue, table }, width: size, flip }
+    }
+
+    /// Into packed RGB rows `width` pixels long.
+    fn rgb(out: &'a mut [u8], width: usize) -> Self {
+        Self { target: Target::Rgb(out), width, flip: false }
     }
 
     /// Every output pixel black, as padding gives.
     fn fill_black(&mut self) {
-        self.red.fill(self.table[0][0]);
-        self.green.fill(self.table[1][0]);
-        self.blue.fill(self.table[2][0]);
+        match &mut self.target {
+            Target::Planes { red, green, blue, table } => {
+                red.fill(table[0][0]);
+                green.fill(table[1][0]);
+                blue.fill(table[2][0]);
+            }
+            Target::Rgb(out) => out.fill(0),
+        }
     }
 
     /// Stores one output row of interleaved 8-bit RGB.
     fn put_row(&mut self, oy: usize, rgb: &[u8]) {
-        let line = oy * self.size..(oy + 1) * self.size;
-        let (red, green, blue) =
-            (&mut self.red[line.clone()], &mut self.green[line.clone()], &mut self.blue[line]);
-        let [tr, tg, tb] = self.table;
-        let mut store = |dx: usize, px: &[u8]| {
-            red[dx] = tr[usize::from(px[0])];
-            green[dx] = tg[usize::from(px[1])];
-            blue[dx] = tb[usize::from(px[2])];
-        };
-        if self.flip {
-            for (dx, px) in rgb.chunks_exact(3).rev().enumerate() {
-                store(dx, px);
+        let line = oy * self.width..(oy + 1) * self.width;
+        match &mut self.target {
+            Target::Planes { red, green, blue, table } => {
+                let (red, green, blue) = (&mut red[line.clone()], &mut green[line.clone()], &mut blue[line]);
+                let [tr, tg, tb] = *table;
+                let mut store = |dx: usize, px: &[u8]| {
+                    red[dx] = tr[usize::from(px[0])];
+                    green[dx] = tg[usize::from(px[1])];
+                    blue[dx] = tb[usize::from(px[2])];
+                };
+                if self.flip {
+                    for (dx, px) in rgb.chunks_exact(3).rev().enumerate() {
+                        store(dx, px);
+                    }
+                } else {
+                    for (dx, px) in rgb.chunks_exact(3).enumerate() {
+                        store(dx, px);
+                    }
+                }
             }
-        } else {
-            for (dx, px) in rgb.chunks_exact(3).enumerate() {
-                store(dx, px);
-            }
+            Target::Rgb(out) => out[line.start * 3..line.end * 3].copy_from_slice(rgb),
         }
     }
 
     fn black_row(&mut self, oy: usize) {
-        let line = oy * self.size..(oy + 1) * self.size;
-        self.red[line.clone()].fill(self.table[0][0]);
-        self.green[line.clone()].fill(self.table[1][0]);
-        self.blue[line].fill(self.table[2][0]);
+        let line = oy * self.width..(oy + 1) * self.width;
+        match &mut self.target {
+            Target::Planes { red, green, blue, table } => {
+                red[line.clone()].fill(table[0][0]);
+                green[line.clone()].fill(table[1][0]);
+                blue[line].fill(table[2][0]);
+            }
+            Target::Rgb(out) => out[line.start * 3..line.end * 3].fill(0),
+        }
     }
+}
+
+/// Resizes the whole image in `pixels` (packed RGB rows of a `region` at the origin: the
+/// image decoded at 1/`reduction` of `full_width` x `full_height`) to `width` x `height`, with
+/// the resampling the network's input gets (PIL's antialiased bilinear filter): what
+/// `data prepare --resize` stores.
+///
+/// # Panics
+/// If `pixels` does not hold `region`, or `region` is not the whole reduced image (caller bugs).
+pub fn resize_rgb(
+    pixels: &[u8],
+    region: Crop,
+    full: (u32, u32),
+    reduction: u32,
+    width: u32,
+    height: u32,
+) -> image::RgbImage {
+    assert_eq!(
+        pixels.len(),
+        region.width as usize * region.height as usize * 3,
+        "pixels do not match their region"
+    );
+    let mut out = vec![0u8; width as usize * height as usize * 3];
+    if width > 0 && height > 0 && region.width > 0 && region.height > 0 {
+        let x = Axis::new(Segment::whole(0, full.0), width, 0, width).reduced(reduction.max(1));
+        let y = Axis::new(Segment::whole(0, full.1), height, 0, height).reduced(reduction.max(1));
+        resample(pixels, region, &x, &y, Sink::rgb(&mut out, width as usize));
+    }
+    image::RgbImage::from_raw(width, height, out).expect("width * height RGB pixels")
 }
 
 #[cfg(test)]
@@ -767,8 +931,8 @@ mod tests {
         for (x, y, p) in img.enumerate_pixels_mut() {
             *p = image::Rgb([(x * 50) as u8, (y * 100) as u8, (x + y) as u8]);
         }
-        let x = Axis::new(0, 5, 5, 0, 3);
-        let y = Axis::new(0, 3, 3, 0, 3);
+        let x = Axis::new(Segment::whole(0, 5), 5, 0, 3);
+        let y = Axis::new(Segment::whole(0, 3), 3, 0, 3);
         let mut out = vec![0f32; 27];
         resample(img.as_raw(), whole(&img), &x, &y, Sink::new(&mut out, 3, false, table(true)));
         let mut flipped = vec![0f32; 27];
@@ -790,7 +954,7 @@ mod tests {
         let img = RgbImage::from_fn(w, h, |x, y| {
             image::Rgb(std::array::from_fn(|c| ((x * 37 + y * 91 + c as u32 * 53) * 7 % 256) as u8))
         });
-        let (xa, ya) = (Axis::new(0, w, 5, 0, 5), Axis::new(0, h, 5, 0, 5));
+        let (xa, ya) = (Axis::new(Segment::whole(0, w), 5, 0, 5), Axis::new(Segment::whole(0, h), 5, 0, 5));
         let mut out = vec![0f32; 75];
         resample(img.as_raw(), whole(&img), &xa, &ya, Sink::new(&mut out, 5, false, table(true)));
         let back = |c: usize, v: f32| (0..=255u8).find(|&u| normalised(c, u) == v).unwrap();
@@ -834,6 +998,42 @@ mod tests {
                 145, 153, 162, 114, 93
             ]
         );
+    }
+
+    #[test]
+    fn resize_rgb_gives_the_pixels_the_network_input_gets() {
+        // `data prepare --resize` stores what the input pipeline makes: the same Pillow values
+        // as resampling_matches_pillow_in_both_pass_orders, in both pass orders.
+        for (w, h) in [(7, 15), (15, 7)] {
+            let img = RgbImage::from_fn(w, h, |x, y| {
+                image::Rgb(std::array::from_fn(|c| ((x * 37 + y * 91 + c as u32 * 53) * 7 % 256) as u8))
+            });
+            let resized = resize_rgb(img.as_raw(), whole(&img), (w, h), 1, 5, 5);
+            let (red, green) = pattern_resized(w, h);
+            assert_eq!(resized.pixels().map(|p| p.0[0]).collect::<Vec<_>>(), red, "{w}x{h}");
+            assert_eq!(resized.pixels().map(|p| p.0[1]).collect::<Vec<_>>(), green, "{w}x{h}");
+        }
+    }
+
+    #[test]
+    fn a_reduced_plan_reads_the_same_part_of_the_picture() {
+        // A 64x48 crop at (32, 16) of a 200x120 image, to 8x8: at 1/4 scale it reads the
+        // reduced image's pixels 8..24 across and 4..16 down (plus the filter's reach).
+        let plan = Plan::resized_crop(Crop { top: 16, left: 32, height: 48, width: 64 }, 8, false);
+        assert_eq!(plan.max_reduction(), 4, "64/8 and 48/8 are at least 4 but below 8 for the rows");
+        let reduced = plan.reduced(4);
+        assert_eq!(reduced.source(), Some(Crop { top: 4, left: 8, height: 12, width: 16 }));
+        // A constant picture stays constant whatever the reduction.
+        let pixels = vec![77u8; 50 * 30 * 3];
+        let mut out = vec![0f32; 3 * 64];
+        reduced.render(&pixels, Crop { top: 0, left: 0, height: 30, width: 50 }, &mut out);
+        assert!(out[..64].iter().all(|&v| v == normalised(0, 77)));
+        // Transform-level: Resize((244, 244)) of a 6000x4000 photo allows 1/8 (750x500).
+        let transform =
+            Transform { geometry: Geometry::Resize { hflip: false }, ..Transform::eval(244, 256) };
+        assert_eq!(transform.whole_image_reduction(6000, 4000), 8);
+        assert_eq!(transform.whole_image_reduction(608, 1080), 2);
+        assert_eq!(transform.whole_image_reduction(300, 300), 1);
     }
 
     #[test]

@@ -6,4 +6,5 @@ pub mod atomic_dir;
 pub mod extract;
 pub mod fetch;
 pub mod idx;
+pub mod photos;
 pub mod synth;

@@ -8,6 +8,10 @@
 //! the writing of the whole tree, which [`super::atomic_dir`] publishes atomically. It needs no
 //! network and no data files, which is why it is the default dataset: every test and every
 //! fresh install can train on it.
+//!
+//! The `designsafe` layout writes the same facades as the DesignSafe case study's data look:
+//! `OUT/{Train,Validation}/{C0,C2,C4}/*.jpg`, large camera and phone JPEGs of mixed sizes, some
+//! stored sideways with an Exif orientation tag ([`super::photos`]).
 
 use std::f32::consts::TAU;
 use std::fs;
@@ -21,6 +25,7 @@ use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::atomic_dir::{self, AtomicDirError};
+use super::photos;
 
 /// Class folder names; their alphabetical order is the label order.
 pub const CLASS_NAMES: [&str; 4] = ["0-none", "1-minor", "2-moderate", "3-severe"];
@@ -34,6 +39,20 @@ const MAX_IMAGE_SIZE: u32 = 4096;
 /// Bump when the picture model changes, so a README tells which generator wrote a tree.
 const GENERATOR_VERSION: u32 = 1;
 
+/// How the tree is laid out and what its photos look like.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Layout {
+    /// `train`/`val`, four damage levels, square `image_size` JPEGs.
+    Facades,
+    /// The case study's: `Train`/`Validation`, classes `C0`, `C2`, `C4` (no, moderate and
+    /// severe damage), `train_images` and `val_images` photos in all, spread evenly over the
+    /// classes, in the mix of [`photos::KINDS`] with every side times `photo_scale`.
+    DesignSafe { train_images: usize, val_images: usize, photo_scale: f64 },
+}
+
+/// The case study's class folders and the damage level each is drawn at.
+const DESIGNSAFE_CLASSES: [(&str, usize); 3] = [("C0", 0), ("C2", 2), ("C4", 3)];
+
 /// What to generate.
 #[derive(Debug, Clone)]
 pub struct SynthOptions {
@@ -45,11 +64,50 @@ pub struct SynthOptions {
     pub val_per_class: usize,
     /// Width and height of every (square) image in pixels.
     pub image_size: u32,
+    /// The facades layout (which uses the three fields above) or the case study's.
+    pub layout: Layout,
 }
 
 impl Default for SynthOptions {
     fn default() -> Self {
-        Self { seed: 0, train_per_class: 200, val_per_class: 50, image_size: 96 }
+        Self { seed: 0, train_per_class: 200, val_per_class: 50, image_size: 96, layout: Layout::Facades }
+    }
+}
+
+impl SynthOptions {
+    /// The split folders with the number of images of each class in them.
+    fn splits(&self) -> Vec<(Split, Vec<usize>)> {
+        match self.layout {
+            Layout::Facades => vec![
+                (Split::Train, vec![self.train_per_class; CLASS_NAMES.len()]),
+                (Split::Val, vec![self.val_per_class; CLASS_NAMES.len()]),
+            ],
+            Layout::DesignSafe { train_images, val_images, .. } => {
+                let spread = |total: usize| {
+                    let n = DESIGNSAFE_CLASSES.len();
+                    (0..n).map(|c| total / n + usize::from(c < total % n)).collect()
+                };
+                vec![(Split::Train, spread(train_images)), (Split::Val, spread(val_images))]
+            }
+        }
+    }
+
+    /// Class folder names, in label order.
+    fn class_names(&self) -> Vec<&'static str> {
+        match self.layout {
+            Layout::Facades => CLASS_NAMES.to_vec(),
+            Layout::DesignSafe { .. } => DESIGNSAFE_CLASSES.iter().map(|c| c.0).collect(),
+        }
+    }
+
+    /// The split's folder name.
+    fn split_dir(&self, split: Split) -> &'static str {
+        match (&self.layout, split) {
+            (Layout::Facades, Split::Train) => "train",
+            (Layout::Facades, Split::Val) => "val",
+            (Layout::DesignSafe { .. }, Split::Train) => "Train",
+            (Layout::DesignSafe { .. }, Split::Val) => "Validation",
+        }
     }
 }
 
@@ -86,6 +144,13 @@ pub enum SynthError {
         #[source]
         source: image::ImageError,
     },
+    /// libjpeg could not encode a photo.
+    #[error("{}: cannot encode JPEG", path.display())]
+    EncodePhoto {
+        path: PathBuf,
+        #[source]
+        source: crate::data::encode::EncodeError,
+    },
     /// A worker thread could not be started.
     #[error("cannot start an image-generation thread")]
     Thread(#[source] io::Error),
@@ -106,23 +171,24 @@ pub fn generate(out: &Path, options: &SynthOptions) -> Result<SynthSummary, Synt
     let tmp = atomic_dir::staging_dir(out, ".synth-")?;
 
     let mut jobs = Vec::new();
-    for (split, per_class) in [(Split::Train, options.train_per_class), (Split::Val, options.val_per_class)] {
-        for (class, name) in CLASS_NAMES.iter().enumerate() {
-            let dir = tmp.path().join(split.dir()).join(name);
+    let mut summary = SynthSummary { train_images: 0, val_images: 0 };
+    for (split, counts) in options.splits() {
+        for ((class, name), &count) in options.class_names().iter().enumerate().zip(&counts) {
+            let dir = tmp.path().join(options.split_dir(split)).join(name);
             fs::create_dir_all(&dir).map_err(|source| SynthError::Io {
                 path: dir.clone(),
                 action: "create directory",
                 source,
             })?;
-            jobs.extend((0..per_class).map(|index| Job { split, class, index }));
+            jobs.extend((0..count).map(|index| Job { split, class, index }));
+        }
+        match split {
+            Split::Train => summary.train_images = counts.iter().sum(),
+            Split::Val => summary.val_images = counts.iter().sum(),
         }
     }
     run_jobs(tmp.path(), options, &jobs)?;
 
-    let summary = SynthSummary {
-        train_images: options.train_per_class * CLASS_NAMES.len(),
-        val_images: options.val_per_class * CLASS_NAMES.len(),
-    };
     let readme = tmp.path().join("README.txt");
     fs::write(&readme, readme_text(options, &summary)).map_err(|source| SynthError::Io {
         path: readme.clone(),
@@ -156,7 +222,35 @@ pub fn render(level: usize, rng: &mut ChaCha8Rng, size: u32) -> RgbImage {
     finish(&scene, &canvas, rng, size)
 }
 
+/// One photo of damage `level` as a JPEG file's bytes: a facade drawn from `rng`, shot as a
+/// `kind` photo at `scale` times its size ([`photos::shoot`]).
+pub fn photo(
+    level: usize,
+    kind: &photos::PhotoKind,
+    scale: f64,
+    rng: &mut ChaCha8Rng,
+) -> Result<Vec<u8>, crate::data::encode::EncodeError> {
+    let (width, height) = photos::displayed_size(kind, scale);
+    let scene = render(level, rng, photos::SCENE_SIDE.min(width.max(height)));
+    photos::shoot(&scene, kind, scale, rng)
+}
+
 fn validate(options: &SynthOptions) -> Result<(), SynthError> {
+    if let Layout::DesignSafe { train_images, val_images, photo_scale } = options.layout {
+        // Every class folder needs a file, which ImageFolder requires.
+        let classes = DESIGNSAFE_CLASSES.len();
+        if train_images < classes || val_images < classes {
+            return Err(SynthError::InvalidOptions(format!(
+                "train_images ({train_images}) and val_images ({val_images}) must both be at least {classes}, one per class"
+            )));
+        }
+        if !(0.004..=1.0).contains(&photo_scale) {
+            return Err(SynthError::InvalidOptions(format!(
+                "photo_scale {photo_scale} is outside 0.004..=1 (1 is full camera size, 6000x4000)"
+            )));
+        }
+        return Ok(());
+    }
     if !(MIN_IMAGE_SIZE..=MAX_IMAGE_SIZE).contains(&options.image_size) {
         return Err(SynthError::InvalidOptions(format!(
             "image_size {} is outside {MIN_IMAGE_SIZE}..={MAX_IMAGE_SIZE}",
@@ -174,6 +268,37 @@ fn validate(options: &SynthOptions) -> Result<(), SynthError> {
 }
 
 fn readme_text(options: &SynthOptions, summary: &SynthSummary) -> String {
+    if let Layout::DesignSafe { photo_scale, .. } = options.layout {
+        let kinds: String = photos::KINDS
+            .iter()
+            .map(|kind| {
+                let (w, h) = photos::displayed_size(kind, photo_scale);
+                format!(
+                    "\x20 {:>3}%  {w}x{h} (as shown), quality {}, {}\n",
+                    kind.percent, kind.quality, kind.name
+                )
+            })
+            .collect();
+        return format!(
+            "rtrain synthetic facade-damage photos, DesignSafe layout (generator version {GENERATOR_VERSION})\n\
+             \n\
+             Synthetic photographs of building facades shaped like the DesignSafe case study's data:\n\
+             \x20 C0  no damage\n\
+             \x20 C2  moderate damage (cracks, broken windows, debris)\n\
+             \x20 C4  severe damage (partial collapse, rubble)\n\
+             \n\
+             seed: {seed}\n\
+             photo scale: {photo_scale} (1 = full camera size)\n\
+             Train: {train} images, Validation: {val} images, spread evenly over the classes\n\
+             photo kinds (drawn per image):\n{kinds}\
+             \n\
+             Every image is a pure function of (seed, split, class, index): the same options give\n\
+             byte-identical files with the same build of rtrain.\n",
+            seed = options.seed,
+            train = summary.train_images,
+            val = summary.val_images,
+        );
+    }
     format!(
         "rtrain synthetic facade-damage dataset (generator version {GENERATOR_VERSION})\n\
          \n\
@@ -211,13 +336,6 @@ enum Split {
 }
 
 impl Split {
-    fn dir(self) -> &'static str {
-        match self {
-            Split::Train => "train",
-            Split::Val => "val",
-        }
-    }
-
     /// Distinct constants so that train image k and val image k never share a seed.
     fn tag(self) -> u64 {
         match self {
@@ -252,8 +370,15 @@ fn image_seed(seed: u64, split: Split, class: usize, index: usize) -> u64 {
 
 fn write_one(root: &Path, options: &SynthOptions, job: &Job) -> Result<(), SynthError> {
     let mut rng = ChaCha8Rng::seed_from_u64(image_seed(options.seed, job.split, job.class, job.index));
+    let class = options.class_names()[job.class];
+    let path = root.join(options.split_dir(job.split)).join(class).join(format!("{:05}.jpg", job.index));
+    if let Layout::DesignSafe { photo_scale, .. } = options.layout {
+        let kind = photos::pick(rng.next_u32());
+        let bytes = photo(DESIGNSAFE_CLASSES[job.class].1, kind, photo_scale, &mut rng)
+            .map_err(|source| SynthError::EncodePhoto { path: path.clone(), source })?;
+        return fs::write(&path, &bytes).map_err(|source| SynthError::Io { path, action: "write", source });
+    }
     let img = render(job.class, &mut rng, options.image_size);
-    let path = root.join(job.split.dir()).join(CLASS_NAMES[job.class]).join(format!("{:05}.jpg", job.index));
     let mut bytes = Vec::with_capacity(8 * 1024);
     JpegEncoder::new_with_quality(&mut bytes, JPEG_QUALITY)
         .encode_image(&img)
@@ -1094,7 +1219,13 @@ mod tests {
     use sha2::{Digest, Sha256};
 
     fn small() -> SynthOptions {
-        SynthOptions { seed: 7, train_per_class: 3, val_per_class: 2, image_size: 48 }
+        SynthOptions {
+            seed: 7,
+            train_per_class: 3,
+            val_per_class: 2,
+            image_size: 48,
+            layout: Layout::Facades,
+        }
     }
 
     /// SHA-256 over every file's relative path and contents, in sorted order.
@@ -1158,6 +1289,40 @@ mod tests {
         assert!(readme.contains("3 per class"), "{readme}");
         // Nothing but the result is left beside it.
         assert_eq!(count_files(out.parent().unwrap()), 1);
+    }
+
+    #[test]
+    fn designsafe_layout_spreads_the_counts_over_c0_c2_c4_in_train_and_validation() {
+        let tmp = tempfile::tempdir().unwrap();
+        let options = SynthOptions {
+            layout: Layout::DesignSafe { train_images: 10, val_images: 4, photo_scale: 0.02 },
+            ..small()
+        };
+        let out = tmp.path().join("ds");
+        let summary = generate(&out, &options).unwrap();
+        assert_eq!(summary, SynthSummary { train_images: 10, val_images: 4 });
+        let counts = |split: &str| ["C0", "C2", "C4"].map(|c| count_files(&out.join(split).join(c)));
+        assert_eq!(counts("Train"), [4, 3, 3]);
+        assert_eq!(counts("Validation"), [2, 1, 1]);
+        // Sizes of the mix at 2%: 120x80 camera frames down to 16 a side, none square.
+        let mut sizes = std::collections::BTreeSet::new();
+        for class in ["C0", "C2", "C4"] {
+            for entry in fs::read_dir(out.join("Train").join(class)).unwrap() {
+                let img = image::open(entry.unwrap().path()).unwrap();
+                assert_ne!(img.width(), img.height());
+                sizes.insert(img.width().max(img.height()));
+            }
+        }
+        assert!(sizes.len() >= 2, "a mix of sizes: {sizes:?}");
+        assert!(sizes.iter().all(|&s| s <= 120), "{sizes:?}");
+        let again = tmp.path().join("again");
+        generate(&again, &options).unwrap();
+        assert_eq!(tree_hash(&out), tree_hash(&again));
+        let bad = SynthOptions {
+            layout: Layout::DesignSafe { train_images: 2, val_images: 4, photo_scale: 0.02 },
+            ..small()
+        };
+        assert!(matches!(generate(&tmp.path().join("bad"), &bad), Err(SynthError::InvalidOptions(_))));
     }
 
     #[test]
