@@ -301,8 +301,13 @@ impl Policy {
     /// - TrivialAugmentWide: the op, then for an op with a magnitude the bin
     ///   (`random_range(0..num_magnitude_bins)`), then for a signed op the sign draw.
     pub fn apply(&self, image: &RgbImage, rng: &mut ChaCha8Rng) -> RgbImage {
+        self.apply_owned(image.clone(), rng)
+    }
+
+    /// [`Policy::apply`] on an image the caller gives away (no copy of it is made).
+    pub fn apply_owned(&self, image: RgbImage, rng: &mut ChaCha8Rng) -> RgbImage {
         let (width, height) = image.dimensions();
-        let mut out = image.clone();
+        let mut out = image;
         match *self {
             Policy::AutoAugment(policy) => {
                 let table = policy.sub_policies();
@@ -316,7 +321,7 @@ impl Policy {
                         let space = AugmentationSpace::AutoAugment;
                         space.magnitude(step.op, bin, AUTOAUGMENT_BINS, height, width)
                     });
-                    out = apply_op(&out, step.op, with_sign(step.op, magnitude, rng));
+                    out = apply_op_owned(out, step.op, with_sign(step.op, magnitude, rng));
                 }
             }
             Policy::RandAugment { num_ops, magnitude, num_magnitude_bins } => {
@@ -326,7 +331,7 @@ impl Policy {
                 for _ in 0..num_ops {
                     let op = space.ops()[rng.random_range(0..space.ops().len())];
                     let magnitude = space.magnitude(op, bin, bins, height, width);
-                    out = apply_op(&out, op, with_sign(op, magnitude, rng));
+                    out = apply_op_owned(out, op, with_sign(op, magnitude, rng));
                 }
             }
             Policy::TrivialAugmentWide { num_magnitude_bins } => {
@@ -338,10 +343,18 @@ impl Policy {
                 } else {
                     None
                 };
-                out = apply_op(&out, op, with_sign(op, magnitude, rng));
+                out = apply_op_owned(out, op, with_sign(op, magnitude, rng));
             }
         }
         out
+    }
+}
+
+/// [`apply_op`] on an image the caller gives away: the identity returns it, uncopied.
+fn apply_op_owned(image: RgbImage, op: Op, magnitude: f64) -> RgbImage {
+    match op {
+        Op::Identity => image,
+        _ => apply_op(&image, op, magnitude),
     }
 }
 

@@ -138,7 +138,7 @@ pub fn decode_request(
             );
             let stored = orientation.stored_rect(rect, stored_w, stored_h);
             let pixels = jpeg.read(reduction, stored)?;
-            let pixels = orientation.turn(&pixels, stored, rect, stored_w, stored_h);
+            let pixels = orientation.turn(pixels, stored, rect, stored_w, stored_h);
             return Ok(Region { pixels, rect, reduction });
         }
     }
@@ -149,7 +149,7 @@ pub fn decode_request(
     let _ = choose(width, height);
     let all = Crop { top: 0, left: 0, height: stored_h, width: stored_w };
     let rect = Crop { top: 0, left: 0, height, width };
-    let pixels = orientation.turn(image.as_raw(), all, rect, stored_w, stored_h);
+    let pixels = orientation.turn(image.into_raw(), all, rect, stored_w, stored_h);
     Ok(Region { pixels, rect, reduction: 1 })
 }
 

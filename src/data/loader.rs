@@ -192,7 +192,7 @@ pub fn transform_encoded(
                 1
             }
         })?;
-        transforms::apply(&image, transform, rng, out);
+        transforms::apply_owned(image, transform, rng, out);
         return Ok(());
     }
     let mut plan = None;

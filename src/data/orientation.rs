@@ -115,10 +115,11 @@ impl Orientation {
 
     /// The displayed rectangle `shown` of an image stored as `width` x `height`, from `pixels`:
     /// the packed RGB rows of the stored rectangle `stored` (which holds it, see
-    /// [`Orientation::stored_rect`]). Returns `shown`'s packed RGB rows.
-    pub fn turn(self, pixels: &[u8], stored: Crop, shown: Crop, width: u32, height: u32) -> Vec<u8> {
+    /// [`Orientation::stored_rect`]). Returns `shown`'s packed RGB rows (`pixels` themselves
+    /// when upright).
+    pub fn turn(self, pixels: Vec<u8>, stored: Crop, shown: Crop, width: u32, height: u32) -> Vec<u8> {
         if self == Self::Upright && stored == shown {
-            return pixels.to_vec();
+            return pixels;
         }
         let mut out = Vec::with_capacity(shown.width as usize * shown.height as usize * 3);
         for y in shown.top..shown.top + shown.height {
@@ -193,11 +194,11 @@ mod tests {
         // Stored 3 wide, 2 tall; shown 2 wide, 3 tall.
         let stored = Crop { top: 0, left: 0, width: 3, height: 2 };
         let shown = Crop { top: 0, left: 0, width: 2, height: 3 };
-        let pixels = Orientation::TurnedRight.turn(&labelled(3, 2), stored, shown, 3, 2);
+        let pixels = Orientation::TurnedRight.turn(labelled(3, 2), stored, shown, 3, 2);
         // Row 0 of the shown image is column 0 of the stored one read bottom up.
         assert_eq!(&pixels[..6], &[0, 1, 0, 0, 0, 0]);
         assert_eq!(&pixels[12..], &[2, 1, 0, 2, 0, 0]);
-        let pixels = Orientation::TurnedLeft.turn(&labelled(3, 2), stored, shown, 3, 2);
+        let pixels = Orientation::TurnedLeft.turn(labelled(3, 2), stored, shown, 3, 2);
         assert_eq!(&pixels[..6], &[2, 0, 0, 2, 1, 0]);
     }
 
@@ -208,7 +209,7 @@ mod tests {
         for orientation in ALL {
             let (w, h) = orientation.displayed_size(width, height);
             let whole = orientation.turn(
-                &labelled(width, height),
+                labelled(width, height),
                 all,
                 Crop { top: 0, left: 0, width: w, height: h },
                 width,
@@ -226,7 +227,7 @@ mod tests {
                 }
                 rows
             };
-            let part = orientation.turn(&inside, stored, shown, width, height);
+            let part = orientation.turn(inside, stored, shown, width, height);
             let expected: Vec<u8> = (shown.top..shown.top + shown.height)
                 .flat_map(|y| {
                     let start = ((y * w + shown.left) * 3) as usize;

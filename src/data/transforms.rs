@@ -246,8 +246,24 @@ pub fn random_resized_crop(height: u32, width: u32, augment: &Augment, rng: &mut
 /// # Panics
 /// If `out.len()` differs from [`Transform::output_len`] — a caller bug, not bad input.
 pub fn apply(image: &RgbImage, transform: &Transform, rng: &mut ChaCha8Rng, out: &mut [f32]) {
-    let augmented = transform.policy.map(|policy| policy.apply(image, rng));
-    let image = augmented.as_ref().unwrap_or(image);
+    match transform.policy {
+        Some(policy) => apply_owned(policy.apply_owned(image.clone(), rng), transform, rng, out),
+        None => render_whole(image, transform, rng, out),
+    }
+}
+
+/// [`apply`] of an image the caller gives away: the policy works on it in place of a copy (a
+/// copy of a 24-megapixel photo costs as much as a third of decoding it).
+pub fn apply_owned(image: RgbImage, transform: &Transform, rng: &mut ChaCha8Rng, out: &mut [f32]) {
+    let image = match transform.policy {
+        Some(policy) => policy.apply_owned(image, rng),
+        None => image,
+    };
+    render_whole(&image, transform, rng, out);
+}
+
+/// The geometry, `ToTensor` and `Normalize` of [`apply`], after the policy.
+fn render_whole(image: &RgbImage, transform: &Transform, rng: &mut ChaCha8Rng, out: &mut [f32]) {
     let (width, height) = image.dimensions();
     let plan = Plan::new(width, height, transform, rng);
     plan.render(image.as_raw(), Crop { top: 0, left: 0, height, width }, out);
