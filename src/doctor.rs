@@ -13,9 +13,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::cluster::cuda::{CudaStack, Diagnosis};
 use crate::cluster::launcher::{self, LaunchInfo};
 pub use crate::cluster::runtime::{
-    detect_image, detect_runtime, driver_version, gpu_devices, gpus_requested, Probe, Runtime,
+    detect_image, detect_runtime, driver_version, gpu_devices, gpus_requested, usable_gpus, Probe, Runtime,
 };
 use crate::cluster::Topology;
 use crate::config::{Config, DEFAULT_DATA_ROOT};
@@ -48,16 +49,14 @@ impl Directory {
     }
 }
 
-/// What libtorch says about CUDA, and whether this binary was built for it.
+/// What libtorch says about CUDA, and the CUDA stack under it (whether this binary was built
+/// for CUDA, the runtime, driver, cuDNN and NCCL it finds).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Cuda {
-    pub built: bool,
     pub available: bool,
     pub devices: usize,
-    pub cudnn: bool,
-    /// NCCL for the gradient all-reduce between GPUs: its version and file, or why it does not
-    /// load (then gradients go through MPI and host memory).
-    pub nccl: Result<String, String>,
+    #[serde(flatten)]
+    pub stack: CudaStack,
 }
 
 /// The MPI side: whether MPI is compiled in, what the launcher variables say, and the job as the
@@ -103,6 +102,9 @@ pub struct Facts {
     pub image: Option<String>,
     pub hostname: String,
     pub gpu_devices: Vec<String>,
+    /// The GPUs this process may use: the device nodes narrowed by NVIDIA_VISIBLE_DEVICES and
+    /// CUDA_VISIBLE_DEVICES ([`usable_gpus`]).
+    pub usable_gpus: usize,
     pub gpus_requested: bool,
     pub driver: Option<String>,
     pub cuda: Cuda,
@@ -122,6 +124,7 @@ impl Facts {
             image: detect_image(probe),
             hostname: crate::cluster::hostname(),
             gpu_devices: gpu_devices(probe),
+            usable_gpus: usable_gpus(probe),
             gpus_requested: gpus_requested(probe),
             driver: driver_version(probe),
             cuda,
@@ -171,31 +174,31 @@ fn gib(bytes: u64) -> String {
 /// The problems in `facts`, each with its fix. Empty when all is well.
 pub fn findings(facts: &Facts) -> Vec<Finding> {
     let mut found = Vec::new();
-    let gpus = facts.gpu_devices.len();
-    if facts.gpus_requested && gpus == 0 {
+    if facts.gpus_requested && facts.gpu_devices.is_empty() {
         found.push(finding(
             format!("GPUs are expected (NVIDIA_VISIBLE_DEVICES is set) but no /dev/nvidia* device is visible under {}", facts.runtime),
             gpu_option(facts.runtime),
         ));
     }
-    if gpus > 0 && !facts.cuda.built {
+    let gpus = facts.usable_gpus;
+    if gpus > 0 && !facts.cuda.stack.built {
         found.push(finding(
-            format!(
-                "{gpus} GPU device(s) visible, but this rtrain is built without CUDA and trains on the CPU"
-            ),
+            format!("{gpus} usable GPU(s), but this rtrain is built without CUDA and trains on the CPU"),
             "use the CUDA image (Containerfile) or build with `cargo build --release --features cuda`",
         ));
     }
-    if gpus > 0 && facts.cuda.built && !facts.cuda.available {
-        found.push(finding(
-            format!("{gpus} GPU device(s) visible, but libtorch cannot use CUDA (driver {})", facts.driver.as_deref().unwrap_or("unknown")),
-            format!(
-                "the driver's user-space library (libcuda.so.1) must be visible in the container: {}; CUDA 13 needs driver 580 or newer",
+    if gpus > 0 && facts.cuda.stack.built && !facts.cuda.available {
+        let diagnosis = facts.cuda.stack.diagnosis();
+        let fix = match diagnosis {
+            Diagnosis::NoLibcuda { .. } => format!(
+                "the driver's user-space library (libcuda.so.1) must be visible in the container: {}; or set train.device = \"cpu\"",
                 gpu_option(facts.runtime)
             ),
-        ));
+            _ => diagnosis.fix(),
+        };
+        found.push(finding(format!("{gpus} usable GPU(s), but CUDA cannot use them: {diagnosis}"), fix));
     }
-    if let (true, Err(why)) = (facts.cuda.available && facts.cuda.devices > 0, &facts.cuda.nccl) {
+    if let (true, Err(why)) = (facts.cuda.available && facts.cuda.devices > 0, &facts.cuda.stack.nccl) {
         found.push(finding(
             format!("NCCL does not load ({why}): multi-GPU gradients would go through MPI and host memory"),
             "use the image's libtorch (its PyTorch wheels ship libnccl.so.2), or point RTRAIN_NCCL at libnccl.so.2",
@@ -291,20 +294,29 @@ pub fn render(facts: &Facts, findings: &[Finding], preamble: &[String]) -> Strin
         facts.image.as_ref().map(|i| format!(" (image {i})")).unwrap_or_default(),
         facts.hostname
     ));
+    let stack = &facts.cuda.stack;
     line(format!(
-        "gpus: {} device(s) {}; driver {}; requested by NVIDIA_VISIBLE_DEVICES: {}",
+        "gpus: {} device(s) {}, {} usable; models {}; driver {}; requested by NVIDIA_VISIBLE_DEVICES: {}",
         facts.gpu_devices.len(),
         if facts.gpu_devices.is_empty() { "-".to_string() } else { facts.gpu_devices.join(",") },
+        facts.usable_gpus,
+        if stack.gpu_models.is_empty() { "-".to_string() } else { stack.gpu_models.join(", ") },
         facts.driver.as_deref().unwrap_or("none"),
         facts.gpus_requested
     ));
+    let version = |v: Option<String>| v.unwrap_or_else(|| "none".to_string());
     line(format!(
-        "cuda: built {}, available {}, {} device(s), cuDNN {}, {}",
-        facts.cuda.built,
+        "cuda: built {}, available {}, {} device(s), runtime {}, driver supports {}, cuDNN {}, {}",
+        stack.built,
         facts.cuda.available,
         facts.cuda.devices,
-        facts.cuda.cudnn,
-        match &facts.cuda.nccl {
+        version(stack.runtime.map(|v| v.to_string())),
+        match &stack.driver_cuda {
+            Ok(cuda) => format!("CUDA {cuda}"),
+            Err(why) => format!("no CUDA ({why})"),
+        },
+        version(stack.cudnn.clone()),
+        match &stack.nccl {
             Ok(nccl) => nccl.clone(),
             Err(why) => format!("no NCCL ({why})"),
         }
@@ -368,13 +380,9 @@ pub fn examine(config: &Config) -> Examination {
         Err(error) => (None, Some(error.to_string())),
     };
     let cuda = Cuda {
-        built: cfg!(feature = "cuda"),
         available: tch::Cuda::is_available(),
         devices: usize::try_from(tch::Cuda::device_count()).unwrap_or(0),
-        cudnn: tch::Cuda::cudnn_is_available(),
-        nccl: crate::cluster::nccl::NcclLibrary::load()
-            .map(|nccl| format!("NCCL {}", nccl.version_string()))
-            .map_err(|err| err.to_string()),
+        stack: CudaStack::probe(&probe),
     };
     // Under a launcher, join the job to show what MPI says; a failure to join is a finding.
     let mut mpi = Mpi::from_launch(launch.as_ref());
@@ -443,6 +451,7 @@ impl Examination {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::cuda::{gpu_models, CudaVersion};
 
     /// One simulated machine: files under the fake root, and environment variables.
     struct Case {
@@ -574,15 +583,32 @@ mod tests {
         (root, probe)
     }
 
+    /// A CUDA 13 stack as libtorch's wheels bring it; the driver's side as `probe` shows it,
+    /// with a driver library that loads when CUDA is to be available.
+    fn stack(probe: &Probe, built: bool, cuda_available: bool) -> CudaStack {
+        CudaStack {
+            built,
+            runtime: built.then_some(CudaVersion(13000)),
+            driver: driver_version(probe),
+            driver_cuda: if cuda_available {
+                Ok(CudaVersion(13000))
+            } else {
+                Err("libcuda.so.1: cannot open shared object file: No such file or directory".to_string())
+            },
+            cudnn: built.then(|| "9.10.2".to_string()),
+            nccl: if cuda_available {
+                Ok("NCCL 2.27.3 (libnccl.so.2)".to_string())
+            } else {
+                Err("not loaded".to_string())
+            },
+            gpu_models: gpu_models(probe),
+        }
+    }
+
     fn quiet_facts(probe: &Probe, cuda_built: bool, cuda_available: bool) -> Facts {
         let devices = gpu_devices(probe).len();
-        let nccl = if cuda_available {
-            Ok("NCCL 2.27.3 (libnccl.so.2)".to_string())
-        } else {
-            Err("not loaded".to_string())
-        };
         let cuda =
-            Cuda { built: cuda_built, available: cuda_available, devices, cudnn: cuda_available, nccl };
+            Cuda { available: cuda_available, devices, stack: stack(probe, cuda_built, cuda_available) };
         let mpi = Mpi::from_launch(None);
         Facts::from_probe(probe, cuda, mpi, Threads { cores: 16, configured: 0, local_ranks: 1 })
     }
@@ -632,6 +658,38 @@ mod tests {
         assert_eq!(no_libcuda.len(), 1);
         assert!(no_libcuda[0].problem.contains("driver 580.82.07"), "{no_libcuda:?}");
         assert!(no_libcuda[0].fix.contains("--gpus all"), "{no_libcuda:?}");
+    }
+
+    #[test]
+    fn a_driver_too_old_for_libtorchs_cuda_names_both_versions_and_the_driver_needed() {
+        let (root, probe) = build(&CASES[7]); // apptainer --nv, 4 GPUs
+        std::fs::write(
+            root.path().join(DRIVER),
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n",
+        )
+        .unwrap();
+        let mut facts = quiet_facts(&probe, true, false);
+        facts.cuda.stack.driver_cuda = Ok(CudaVersion(12020));
+        let found = findings(&facts);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(
+            found[0].problem,
+            "4 usable GPU(s), but CUDA cannot use them: the NVIDIA driver 535.104.05 supports CUDA up to 12.2, \
+             and this libtorch needs CUDA 13.0 (driver 580 or newer)"
+        );
+        for part in ["580 or newer", "Older drivers", "train.device = \"cpu\""] {
+            assert!(found[0].fix.contains(part), "{part:?} missing from {:?}", found[0].fix);
+        }
+        let json = serde_json::to_value(&facts).unwrap();
+        let cuda = &json["cuda"];
+        assert_eq!((&cuda["runtime"], &cuda["driver_cuda"]["Ok"]), (&"13.0".into(), &"12.2".into()));
+        assert_eq!((&cuda["driver"], &cuda["cudnn"]), (&"535.104.05".into(), &"9.10.2".into()));
+        assert_eq!(json["usable_gpus"], 4);
+        // CUDA_VISIBLE_DEVICES="" hides the GPUs on purpose: nothing to report.
+        let hidden = Probe::simulated(root.path(), &[("CUDA_VISIBLE_DEVICES", "")]);
+        let mut facts = quiet_facts(&hidden, true, false);
+        facts.cuda.stack.driver_cuda = Ok(CudaVersion(12020));
+        assert_eq!(findings(&facts), []);
     }
 
     #[test]

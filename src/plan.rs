@@ -69,7 +69,7 @@ impl RunPlan {
     ) -> Result<RunPlan, PlanError> {
         precision::set_deterministic(config.run.deterministic)?;
         let threads = set_threads(config.train.threads, topology.local_world_size);
-        let device = device::choose(config.train.device, topology, device::visible_gpus())?;
+        let device = device::choose(config.train.device, topology, &device::ThisProcess)?;
         device::prepare(device, config.run.deterministic);
         let last_epoch = stop_after_epochs.map_or(config.train.epochs, |n| n.min(config.train.epochs));
         Ok(RunPlan::new(config, topology.clone(), threads, device, resume, last_epoch))

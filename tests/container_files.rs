@@ -21,10 +21,11 @@ fn containerfile_passes_hadolint() {
 #[test]
 fn apptainer_definition_has_its_sections_and_clean_scripts() {
     let text = std::fs::read_to_string(common::repo().join("apptainer.def")).unwrap();
-    assert!(text.starts_with("Bootstrap: docker-daemon\nFrom: rtrain:latest\n"), "header");
+    assert!(text.starts_with("Bootstrap: docker-daemon\nFrom: {{ IMAGE }}\n"), "header");
+    assert!(text.contains("%arguments\n    IMAGE=rtrain:latest\n"), "the image defaults to rtrain:latest");
     let sections = common::apptainer_sections(&text);
     let names: Vec<&str> = sections.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["labels", "environment", "post", "runscript", "test", "help"]);
+    assert_eq!(names, ["arguments", "labels", "environment", "post", "runscript", "test", "help"]);
     let help = &sections.iter().find(|(n, _)| n == "help").unwrap().1;
     for launcher in ["mpirun", "srun", "ibrun", "--nv"] {
         assert!(help.contains(launcher), "%help should show {launcher}");
@@ -51,6 +52,7 @@ fn shell_scripts_pass_shellcheck() {
         "scripts/test",
         "scripts/simcluster",
         "scripts/container",
+        "scripts/bundle",
         "scripts/gpu-check",
         "scripts/build-gpu-binary",
         ".ci/run",

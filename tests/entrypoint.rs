@@ -43,15 +43,20 @@ impl Scene {
     }
 
     fn run(&self, env: &[(&str, &str)], args: &[&str]) -> Output {
+        let output = self.run_unchecked(env, args);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        output
+    }
+
+    /// Runs the entrypoint as Apptainer's `--cleanenv` does: nothing but `env` and PATH.
+    fn run_unchecked(&self, env: &[(&str, &str)], args: &[&str]) -> Output {
         let path = format!("{}:/usr/bin:/bin", self.dir.path().join("bin").display());
         let mut command = Command::new(common::repo().join("entrypoint"));
         command.env_clear().env("PATH", path).env("RTRAIN_ENTRYPOINT_ROOT", self.dir.path().join("root"));
         for (k, v) in env {
             command.env(k, v);
         }
-        let output = command.args(args).output().unwrap();
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-        output
+        command.args(args).output().unwrap()
     }
 }
 
@@ -97,7 +102,7 @@ fn docker_with_two_gpus_starts_two_local_ranks_for_train_only() {
 /// mpirun) and through rtrain's own detection.
 #[test]
 fn entrypoint_and_rtrain_agree_on_being_launched() {
-    let scene = Scene::new(&[".singularity.d/", "dev/nvidia0", "dev/nvidia1"]);
+    let scene = Scene::new(&[".dockerenv", "dev/nvidia0", "dev/nvidia1"]);
     let cases: &[(&[(&str, &str)], bool)] = &[
         (&[], false),
         (&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2")], true),
@@ -120,6 +125,88 @@ fn entrypoint_and_rtrain_agree_on_being_launched() {
         let by_rtrain =
             rtrain::cluster::launcher::detect(|name| map.get(name).map(|v| v.to_string())).unwrap().is_some();
         assert_eq!((by_entrypoint, by_rtrain), (launched, launched), "{env:?}: {}", stderr(&output));
+    }
+}
+
+/// Under Apptainer the host's launcher starts the ranks. With `--cleanenv` (or `--containall`)
+/// its variables are gone while /dev shows every GPU of the node: each of srun's tasks must
+/// still be one process, not G ranks of its own.
+#[test]
+fn apptainer_never_starts_ranks_of_its_own() {
+    for marks in [&[".singularity.d/", "dev/nvidia0", "dev/nvidia1"][..], &["dev/nvidia0", "dev/nvidia1"]] {
+        let scene = Scene::new(marks);
+        let output = scene.run(&[("APPTAINER_CONTAINER", "/scratch/rtrain.sif")], &["train"]);
+        assert_eq!(lines(&output), ["rtrain", "[train]"], "{}", stderr(&output));
+        assert!(stderr(&output).contains("runtime apptainer, 2 GPU(s), launcher: no"), "{}", stderr(&output));
+        assert!(
+            stderr(&output).contains("RTRAIN_LOCAL_RANKS=2"),
+            "says how to get 2 ranks: {}",
+            stderr(&output)
+        );
+    }
+    // No container at all (a login node, a bare GPU box): the same.
+    let bare = Scene::new(&["dev/nvidia0", "dev/nvidia1"]).run(&[], &["train"]);
+    assert_eq!(lines(&bare), ["rtrain", "[train]"]);
+}
+
+#[test]
+fn rtrain_local_ranks_chooses_the_number_of_local_ranks() {
+    let np = |output: &Output| {
+        let got = lines(output);
+        got.iter().position(|l| l == "[-np]").map(|i| got[i + 1].clone())
+    };
+    let apptainer = Scene::new(&[".singularity.d/"]);
+    let asked = apptainer.run(&[("RTRAIN_LOCAL_RANKS", "3")], &["train"]);
+    assert_eq!(np(&asked).as_deref(), Some("[3]"), "{:?}", lines(&asked));
+    // Under a launcher the variable is ignored: the launcher already started the ranks.
+    let launched = apptainer.run(&[("RTRAIN_LOCAL_RANKS", "3"), ("PMIX_RANK", "0")], &["train"]);
+    assert_eq!(lines(&launched), ["rtrain", "[train]"]);
+    let docker = Scene::new(&[".dockerenv", "dev/nvidia0", "dev/nvidia1"]);
+    let one = docker.run(&[("RTRAIN_LOCAL_RANKS", "1")], &["train"]);
+    assert_eq!(lines(&one), ["rtrain", "[train]"]);
+    // The bind-model image's Hydra takes no Open MPI options.
+    let hydra = docker.run(&[("RTRAIN_MPI", "mpich")], &["train"]);
+    assert_eq!(lines(&hydra)[..3], ["mpirun", "[-np]", "[2]"]);
+    assert_eq!(lines(&hydra)[4..], ["[train]"], "{:?}", lines(&hydra));
+    for bad in ["0", "two", "-1", "02"] {
+        let output = docker.run_unchecked(&[("RTRAIN_LOCAL_RANKS", bad)], &["train"]);
+        assert_eq!(output.status.code(), Some(2), "{bad}");
+        assert!(stderr(&output).contains(&format!("not '{bad}'")), "{}", stderr(&output));
+    }
+}
+
+/// The entrypoint counts the GPUs a process may use as rtrain does: device nodes, limited by
+/// NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES lists, one MIG instance at most. Each case
+/// through the real entrypoint (Docker, so that the count is printed) and rtrain's own count.
+#[test]
+fn entrypoint_and_rtrain_count_the_same_usable_gpus() {
+    let four = [".dockerenv", "dev/nvidia0", "dev/nvidia1", "dev/nvidia2", "dev/nvidia3", "dev/nvidiactl"];
+    let cases: &[(&[(&str, &str)], usize)] = &[
+        (&[], 4),
+        (&[("NVIDIA_VISIBLE_DEVICES", "all")], 4),
+        (&[("NVIDIA_VISIBLE_DEVICES", "0,1")], 2),
+        (&[("NVIDIA_VISIBLE_DEVICES", "none")], 0),
+        (&[("NVIDIA_VISIBLE_DEVICES", "void")], 0),
+        (&[("NVIDIA_VISIBLE_DEVICES", "GPU-5c1f2a,GPU-77aa01,GPU-0b9e33")], 3),
+        (&[("CUDA_VISIBLE_DEVICES", "")], 0),
+        (&[("CUDA_VISIBLE_DEVICES", "2")], 1),
+        (&[("CUDA_VISIBLE_DEVICES", "0,1,2")], 3),
+        (&[("CUDA_VISIBLE_DEVICES", "0,-1,2")], 1),
+        (&[("CUDA_VISIBLE_DEVICES", "0,1,")], 2),
+        (&[("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")], 4),
+        (&[("CUDA_VISIBLE_DEVICES", "MIG-1a2b,MIG-3c4d")], 1),
+        (&[("NVIDIA_VISIBLE_DEVICES", "MIG-1a2b,MIG-3c4d")], 1),
+        (&[("NVIDIA_VISIBLE_DEVICES", "0,1,2"), ("CUDA_VISIBLE_DEVICES", "0,1")], 2),
+        (&[("NVIDIA_VISIBLE_DEVICES", "*")], 1),
+        (&[("NVIDIA_VISIBLE_DEVICES", "0,,2")], 1),
+    ];
+    let scene = Scene::new(&four);
+    for &(env, expected) in cases {
+        let output = scene.run(env, &["doctor"]);
+        let by_entrypoint = format!("runtime docker, {expected} GPU(s)");
+        assert!(stderr(&output).contains(&by_entrypoint), "{env:?}: {}", stderr(&output));
+        let probe = rtrain::cluster::runtime::Probe::simulated(scene.dir.path().join("root"), env);
+        assert_eq!(rtrain::cluster::runtime::usable_gpus(&probe), expected, "rtrain, {env:?}");
     }
 }
 
@@ -186,4 +273,22 @@ fn shared_memory_single_copy_is_off_only_under_docker_and_podman() {
     assert_eq!(setting(&[".dockerenv"], &[(VAR, "cma")]).as_deref(), Some("cma"));
     assert_eq!(setting(&[".singularity.d/"], &[]), None);
     assert_eq!(setting(&[], &[]), None);
+}
+
+/// MPICH's UCX hangs in MPI_Finalize under Docker with its TCP transport: the MPICH image's
+/// entrypoint keeps to shared memory there (unless the user chose), and nowhere else.
+#[test]
+fn ucx_transports_are_chosen_only_for_the_mpich_image_under_docker_and_podman() {
+    let setting = |marks: &[&str], env: &[(&str, &str)]| -> Option<String> {
+        let mut env = env.to_vec();
+        env.push(("RTRAIN_BIN", "env"));
+        let output = Scene::new(marks).run(&env, &[]);
+        lines(&output).iter().find_map(|line| line.strip_prefix("UCX_TLS=").map(String::from))
+    };
+    let mpich = ("RTRAIN_MPI", "mpich");
+    assert_eq!(setting(&[".dockerenv"], &[mpich]).as_deref(), Some("self,sm"));
+    assert_eq!(setting(&["run/.containerenv"], &[mpich]).as_deref(), Some("self,sm"));
+    assert_eq!(setting(&[".dockerenv"], &[mpich, ("UCX_TLS", "rc,sm")]).as_deref(), Some("rc,sm"));
+    assert_eq!(setting(&[".dockerenv"], &[]), None);
+    assert_eq!(setting(&[".singularity.d/"], &[mpich]), None);
 }

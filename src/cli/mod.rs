@@ -518,7 +518,12 @@ pub fn run(cli: Cli) -> Result<()> {
                 true => println!("{}", serde_json::to_string_pretty(&examination.to_json())?),
                 false => print!("{}", examination.render()),
             }
-            Ok(())
+            // The report is printed either way; the exit status lets scripts (apptainer.def's
+            // %test, a job's first step) stop on a problem.
+            match examination.problems.len() {
+                0 => Ok(()),
+                n => anyhow::bail!("doctor found {n} problem(s); each is printed above with its fix"),
+            }
         }
         Command::Report(args) => cmd_report(args),
         Command::Verify(args) => cmd_verify(args),

@@ -6,6 +6,7 @@
 //! fatal to the whole job (MPI's default error handler), and so are a panic and a fatal error on
 //! any rank ([`Communicator::abort`]): a rank that fails must never leave the others waiting.
 
+pub mod cuda;
 pub mod device;
 pub mod grad_sync;
 pub mod job;

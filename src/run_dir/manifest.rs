@@ -1,8 +1,8 @@
 //! The run manifest, `manifest.json`: what produced a run's results, so that a reviewer can
-//! check and re-run it. Resolved configuration and its hash, rtrain's version and git
-//! revision, library versions, container, hosts and world size, seeds, a hash of every data
-//! file, start and end times, per-epoch metrics, and the hash of every checkpoint and of the
-//! final weights.
+//! check and re-run it. Resolved configuration and its hash, rtrain's version, git revision
+//! and binary hash, library versions and the CUDA stack, container and image digest, hosts and
+//! world size, seeds, a hash of every data file, start and end times, per-epoch metrics, and
+//! the hash of every checkpoint and of the final weights.
 //!
 //! Global rank 0 writes it atomically when the run starts and again after every epoch and
 //! checkpoint, so even a run that crashed has an accurate one. `rtrain verify` re-hashes the
@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::RunPaths;
+use crate::cluster::cuda::CudaStack;
 use crate::cluster::runtime::{self, Probe};
 use crate::config::Config;
 use crate::data::dataset::Dataset;
@@ -89,6 +90,14 @@ pub struct Software {
     pub cudnn_available: bool,
     /// The MPI library's own version string, when the run was an MPI job.
     pub mpi: Option<String>,
+    /// The CUDA stack rank 0 found (empty in manifests from before it was recorded).
+    #[serde(default)]
+    pub cuda: CudaRecord,
+    /// sha256 of the rtrain binary that ran (`/proc/self/exe`): identifies the software even
+    /// where no image digest is known (a binary built outside a container, or a launcher that
+    /// does not pass `RTRAIN_IMAGE_DIGEST`). None when it cannot be read (and in older manifests).
+    #[serde(default)]
+    pub rtrain_sha256: Option<String>,
 }
 
 impl Software {
@@ -99,6 +108,39 @@ impl Software {
             cuda_devices: tch::Cuda::device_count(),
             cudnn_available: tch::Cuda::cudnn_is_available(),
             mpi,
+            cuda: CudaRecord::from(&CudaStack::probe(&Probe::process())),
+            rtrain_sha256: tensor_io::sha256_file(Path::new("/proc/self/exe")).ok(),
+        }
+    }
+}
+
+/// The CUDA stack of a run, each layer's version or None where it is absent (see
+/// [`CudaStack`], which `rtrain doctor` reports with the reasons).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CudaRecord {
+    /// The GPUs the driver lists, in bus order ("NVIDIA H100 80GB HBM3").
+    pub gpu_models: Vec<String>,
+    /// The NVIDIA kernel driver ("580.82.07").
+    pub driver: Option<String>,
+    /// The newest CUDA that driver supports ("13.0").
+    pub driver_cuda: Option<String>,
+    /// The CUDA runtime libtorch was built with ("13.0"); None with a CPU-only libtorch.
+    pub runtime: Option<String>,
+    /// cuDNN as loaded by libtorch ("9.10.2").
+    pub cudnn: Option<String>,
+    /// NCCL as rtrain loads it for the gradient all-reduce ("NCCL 2.27.3").
+    pub nccl: Option<String>,
+}
+
+impl From<&CudaStack> for CudaRecord {
+    fn from(stack: &CudaStack) -> CudaRecord {
+        CudaRecord {
+            gpu_models: stack.gpu_models.clone(),
+            driver: stack.driver.clone(),
+            driver_cuda: stack.driver_cuda.as_ref().ok().map(ToString::to_string),
+            runtime: stack.runtime.map(|version| version.to_string()),
+            cudnn: stack.cudnn.clone(),
+            nccl: stack.nccl.as_ref().ok().cloned(),
         }
     }
 }
@@ -110,15 +152,25 @@ pub struct Container {
     pub runtime: String,
     /// The image: Apptainer's SIF path, or what the image's own labels say (RTRAIN_IMAGE).
     pub image: Option<String>,
+    /// The image's digest, from `RTRAIN_IMAGE_DIGEST` as the launcher sets it: nothing inside a
+    /// container can read its own image's digest, so the launcher passes it in (`docker image
+    /// inspect -f '{{.Id}}' IMAGE`, or the SIF's digest). None when not passed (and in older
+    /// manifests); `software.rtrain_sha256` still identifies the binary.
+    #[serde(default)]
+    pub image_digest: Option<String>,
 }
 
 impl Container {
     /// What `rtrain doctor` detects (see `runtime::detect_runtime`).
     pub fn detect() -> Container {
-        let probe = Probe::process();
+        Container::from_probe(&Probe::process())
+    }
+
+    pub fn from_probe(probe: &Probe) -> Container {
         Container {
-            runtime: runtime::detect_runtime(&probe).to_string(),
-            image: runtime::detect_image(&probe),
+            runtime: runtime::detect_runtime(probe).to_string(),
+            image: runtime::detect_image(probe),
+            image_digest: probe.var("RTRAIN_IMAGE_DIGEST").map(str::to_string),
         }
     }
 }
@@ -329,6 +381,51 @@ pub fn verify(run_dir: &Path) -> Result<Vec<Finding>, ManifestError> {
 mod tests {
     use super::*;
     use crate::data::folder::ImageFolder;
+
+    #[test]
+    fn manifests_without_the_cuda_stack_or_image_digest_still_load() {
+        let software = r#"{"libtorch": "2.13.0", "cuda_available": false, "cuda_devices": 0,
+            "cudnn_available": false, "mpi": null}"#;
+        let software: Software = serde_json::from_str(software).unwrap();
+        assert_eq!((software.cuda, software.rtrain_sha256), (CudaRecord::default(), None));
+        let container: Container = serde_json::from_str(r#"{"runtime": "docker", "image": null}"#).unwrap();
+        assert_eq!(container.image_digest, None);
+    }
+
+    #[test]
+    fn the_image_digest_comes_from_the_launcher() {
+        let digest = "sha256:4f5e0b1c";
+        let probe = Probe::simulated("/nonexistent", &[("RTRAIN_IMAGE_DIGEST", digest)]);
+        assert_eq!(Container::from_probe(&probe).image_digest.as_deref(), Some(digest));
+        let unset = Probe::simulated("/nonexistent", &[("RTRAIN_IMAGE_DIGEST", "")]);
+        assert_eq!(Container::from_probe(&unset).image_digest, None);
+    }
+
+    #[test]
+    fn the_cuda_record_keeps_each_layers_version() {
+        use crate::cluster::cuda::CudaVersion;
+        let stack = CudaStack {
+            built: true,
+            runtime: Some(CudaVersion(13000)),
+            driver: Some("535.104.05".into()),
+            driver_cuda: Ok(CudaVersion(12020)),
+            cudnn: Some("9.10.2".into()),
+            nccl: Err("cannot load libnccl.so.2".into()),
+            gpu_models: vec!["NVIDIA A100-SXM4-80GB".into()],
+        };
+        let record = serde_json::to_value(CudaRecord::from(&stack)).unwrap();
+        assert_eq!(
+            record,
+            serde_json::json!({
+                "gpu_models": ["NVIDIA A100-SXM4-80GB"],
+                "driver": "535.104.05",
+                "driver_cuda": "12.2",
+                "runtime": "13.0",
+                "cudnn": "9.10.2",
+                "nccl": null,
+            })
+        );
+    }
 
     #[test]
     fn paths_are_stored_losslessly() {
