@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::cluster::cuda::{CudaStack, Diagnosis};
+use crate::cluster::cuda::CudaStack;
 use crate::cluster::launcher::{self, LaunchInfo};
 pub use crate::cluster::runtime::{
     detect_image, detect_runtime, driver_version, gpu_devices, gpus_requested, usable_gpus, Probe, Runtime,
@@ -181,22 +181,13 @@ pub fn findings(facts: &Facts) -> Vec<Finding> {
         ));
     }
     let gpus = facts.usable_gpus;
-    if gpus > 0 && !facts.cuda.stack.built {
-        found.push(finding(
-            format!("{gpus} usable GPU(s), but this rtrain is built without CUDA and trains on the CPU"),
-            "use the CUDA image (Containerfile) or build with `cargo build --release --features cuda`",
-        ));
-    }
-    if gpus > 0 && facts.cuda.stack.built && !facts.cuda.available {
+    // A CPU build, a driver too old for libtorch's CUDA, libcuda not bound in, ...
+    if gpus > 0 && !facts.cuda.available {
         let diagnosis = facts.cuda.stack.diagnosis();
-        let fix = match diagnosis {
-            Diagnosis::NoLibcuda { .. } => format!(
-                "the driver's user-space library (libcuda.so.1) must be visible in the container: {}; or set train.device = \"cpu\"",
-                gpu_option(facts.runtime)
-            ),
-            _ => diagnosis.fix(),
-        };
-        found.push(finding(format!("{gpus} usable GPU(s), but CUDA cannot use them: {diagnosis}"), fix));
+        found.push(finding(
+            format!("{gpus} usable GPU(s), but CUDA cannot use them: {diagnosis}"),
+            diagnosis.fix(),
+        ));
     }
     if let (true, Err(why)) = (facts.cuda.available && facts.cuda.devices > 0, &facts.cuda.stack.nccl) {
         found.push(finding(

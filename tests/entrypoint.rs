@@ -257,17 +257,21 @@ fn entrypoint_is_shellcheck_clean() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stdout));
 }
 
+/// The value of `variable` in the environment the entrypoint hands to rtrain, on a fake root
+/// with `marks` (`env` stands in for rtrain and prints it).
+fn exported(variable: &str, marks: &[&str], env: &[(&str, &str)]) -> Option<String> {
+    let mut env = env.to_vec();
+    env.push(("RTRAIN_BIN", "env"));
+    let output = Scene::new(marks).run(&env, &[]);
+    lines(&output).iter().find_map(|line| line.strip_prefix(&format!("{variable}=")).map(String::from))
+}
+
 /// Docker and Podman drop CAP_SYS_PTRACE, which Open MPI's single-copy shared-memory transport
 /// needs: the entrypoint turns it off there (unless the user chose), and leaves it elsewhere.
 #[test]
 fn shared_memory_single_copy_is_off_only_under_docker_and_podman() {
     const VAR: &str = "OMPI_MCA_btl_vader_single_copy_mechanism";
-    let setting = |marks: &[&str], env: &[(&str, &str)]| -> Option<String> {
-        let mut env = env.to_vec();
-        env.push(("RTRAIN_BIN", "env"));
-        let output = Scene::new(marks).run(&env, &[]);
-        lines(&output).iter().find_map(|line| line.strip_prefix(&format!("{VAR}=")).map(String::from))
-    };
+    let setting = |marks: &[&str], env: &[(&str, &str)]| exported(VAR, marks, env);
     assert_eq!(setting(&[".dockerenv"], &[]).as_deref(), Some("none"));
     assert_eq!(setting(&["run/.containerenv"], &[]).as_deref(), Some("none"));
     assert_eq!(setting(&[".dockerenv"], &[(VAR, "cma")]).as_deref(), Some("cma"));
@@ -279,12 +283,7 @@ fn shared_memory_single_copy_is_off_only_under_docker_and_podman() {
 /// entrypoint keeps to shared memory there (unless the user chose), and nowhere else.
 #[test]
 fn ucx_transports_are_chosen_only_for_the_mpich_image_under_docker_and_podman() {
-    let setting = |marks: &[&str], env: &[(&str, &str)]| -> Option<String> {
-        let mut env = env.to_vec();
-        env.push(("RTRAIN_BIN", "env"));
-        let output = Scene::new(marks).run(&env, &[]);
-        lines(&output).iter().find_map(|line| line.strip_prefix("UCX_TLS=").map(String::from))
-    };
+    let setting = |marks: &[&str], env: &[(&str, &str)]| exported("UCX_TLS", marks, env);
     let mpich = ("RTRAIN_MPI", "mpich");
     assert_eq!(setting(&[".dockerenv"], &[mpich]).as_deref(), Some("self,sm"));
     assert_eq!(setting(&["run/.containerenv"], &[mpich]).as_deref(), Some("self,sm"));

@@ -68,11 +68,7 @@ impl GpuSight for ThisProcess {
     }
 
     fn diagnosis(&self) -> Diagnosis {
-        if cfg!(feature = "cuda") {
-            CudaStack::probe(&Probe::process()).diagnosis()
-        } else {
-            Diagnosis::NotBuilt
-        }
+        CudaStack::probe(&Probe::process()).diagnosis()
     }
 }
 
