@@ -456,9 +456,10 @@ fn compressed_gradients_are_the_mean_rounded_to_the_wire_format() {
 }
 
 /// Fashion-MNIST on 2 ranks learns as well with bf16 gradients on the wire as with fp32 ones:
-/// the same validation top-1 within 0.02 (the standard error of a top-1 near 0.8 over these
-/// 1,000 images is 0.013). Measured: 0.814 fp32, 0.825 bf16 (and 0.827, 0.813 at batch 16 per
-/// rank).
+/// the bf16 run's validation top-1 is at most 0.01 below the fp32 run's (better is fine). The
+/// standard error of a top-1 near 0.8 over these 1,000 images is 0.013, so this is as tight as
+/// one pair of runs allows; both runs are deterministic on a given CPU. Measured: 0.834 fp32,
+/// 0.831 bf16 (an earlier machine: 0.814, 0.825).
 #[test]
 fn fashion_mnist_learns_as_well_with_bf16_gradients_on_the_wire() {
     let dir = tempfile::tempdir().unwrap();
@@ -481,5 +482,5 @@ fn fashion_mnist_learns_as_well_with_bf16_gradients_on_the_wire() {
         top1.push(accuracy);
     }
     assert!(top1[0] >= 0.75, "fp32 top-1 {}", top1[0]);
-    assert!((top1[0] - top1[1]).abs() <= 0.02, "top-1 fp32 {} vs bf16 on the wire {}", top1[0], top1[1]);
+    assert!(top1[1] >= top1[0] - 0.01, "top-1 fp32 {} vs bf16 on the wire {}", top1[0], top1[1]);
 }

@@ -161,6 +161,7 @@ impl Plan {
     }
 
     fn launch(&mut self, bucket: usize) {
+        tracing::trace!("bucket {bucket} ready");
         if let Some(gpu) = &self.gpu {
             if let Err(err) = gpu.bucket_ready(bucket) {
                 self.gpu_error.get_or_insert(err);
@@ -323,9 +324,11 @@ impl GradSync {
             }
             plan.sizes.len()
         };
+        let waiting = std::time::Instant::now();
         for _ in 0..buckets {
             self.done.recv().map_err(|_| GradSyncError::ThreadGone)?;
         }
+        tracing::trace!("after backward, waited {:?} for the gradient all-reduces", waiting.elapsed());
         let gpu = self.lock().gpu.clone();
         if let Some(gpu) = gpu {
             gpu.compute_waits_for(buckets)?;
@@ -452,6 +455,7 @@ fn communicate(
         }
     }
     for mut job in jobs {
+        let started = std::time::Instant::now();
         match (reducer, wire) {
             (Reducer::Mpi, None) => all_reduce_mean_in_background(comm, &mut job.flat, poll),
             (Reducer::Mpi, Some(wire)) => {
@@ -464,6 +468,7 @@ fn communicate(
                 }
             }
         }
+        tracing::trace!("bucket {} all-reduced in {:?}", job.bucket, started.elapsed());
         if done.send(job.bucket).is_err() {
             break;
         }

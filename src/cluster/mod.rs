@@ -321,6 +321,12 @@ pub fn all_reduce_mean_compressed(
     poll: std::time::Duration,
 ) {
     let scale = 1.0 / comm.topology().world_size as f32;
+    // Buckets differ in size: grow the scratch to the largest, never shrink it (regrowing would
+    // write zeros over it again).
+    if scratch.len() < values.len() {
+        scratch.resize(values.len(), 0);
+    }
+    let scratch = &mut scratch[..values.len()];
     wire.encode_scaled(values, scale, scratch);
     comm.all_reduce_sum_wire_background(scratch, wire, poll);
     wire.decode_into(scratch, values);
