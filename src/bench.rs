@@ -17,12 +17,13 @@
 //! algorithm bandwidth (bytes / time) and bus bandwidth (x 2(p-1)/p, the NCCL-tests convention:
 //! the traffic each link carries, comparable with the link's rate).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
-use crate::cluster::grad_sync::{bucket_layout, FIRST_BUCKET_BYTES};
+use crate::cluster::grad_sync::{bucket_layout, GradSync, Reducer, SyncOptions, FIRST_BUCKET_BYTES};
 use crate::cluster::wire::Wire;
 use crate::cluster::{self, Communicator};
 use crate::config::Config;
@@ -50,6 +51,8 @@ pub enum BenchError {
     Step(#[from] StepError),
     #[error(transparent)]
     Dist(#[from] crate::cluster::DistError),
+    #[error(transparent)]
+    GradSync(#[from] crate::cluster::grad_sync::GradSyncError),
     #[error("--bucket-mb {0}: must be positive")]
     BucketSize(f64),
 }
@@ -435,8 +438,7 @@ pub fn allreduce_suite(
         }
     }
     if let (true, Some(wire)) = (suite.check, Wire::of(suite.compress)) {
-        let checked = check_wire(comm.as_ref(), wire, 1 << 20);
-        if topology.is_root() {
+        if let Some(checked) = check_wire(&comm, wire)? {
             on_root(AllreduceEvent::Checked(checked));
         }
     }
@@ -514,10 +516,12 @@ pub fn bench_allreduce(
     })
 }
 
-/// How far a compressed all-reduce's mean lands from the exact mean rounded to the wire
-/// format, over values every rank draws from its own seeded stream (gradient-like: normal,
-/// with a scale that varies by 10^-6..10^2 across blocks). Rank 0 draws every rank's values
-/// again to compute the reference.
+/// How far the gradients that training's synchronisation averages with `wire` on the wire land
+/// from the exact mean of the ranks' gradients rounded to the wire format. ResNet-18 starts
+/// from the same weights on every rank and each rank takes the gradients of a batch of its
+/// own; the average goes through [`GradSync`] as in training (buckets reduced on the
+/// communication thread during backward, polled). Rank 0 computes every rank's gradients again
+/// for the reference and is the only rank that returns the comparison.
 #[derive(Debug, Clone, Serialize)]
 pub struct WireCheck {
     pub wire: String,
@@ -526,6 +530,10 @@ pub struct WireCheck {
     pub exact: usize,
     /// Results at most one ulp (of the wire format at the reference) from it.
     pub within_one_ulp: usize,
+    /// Values whose ranks' gradients all have the same sign (no cancellation in the sum)...
+    pub same_sign: usize,
+    /// ... and of those, the results at most one ulp from the reference.
+    pub same_sign_within_one_ulp: usize,
     /// Largest |result - reference| in units of the wire format's ulp at the reference.
     pub max_ulps: f64,
     /// Largest |result - reference| in units of the wire format's ulp at the largest rank's
@@ -533,45 +541,73 @@ pub struct WireCheck {
     pub max_ulps_of_shares: f64,
 }
 
-pub fn check_wire(comm: &dyn Communicator, wire: Wire, values: usize) -> WireCheck {
-    let topology = comm.topology();
-    let draw = |rank: usize| -> Vec<f32> {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x5eed_0000 + rank as u64);
-        (0..values)
-            .map(|i| {
-                let scale = 10f32.powi((i / 4096 % 9) as i32 - 6);
-                // Box-Muller: a standard normal from two uniforms.
-                let (u, v) = (rng.random::<f32>().max(f32::MIN_POSITIVE), rng.random::<f32>());
-                let normal = (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos();
-                normal * scale
-            })
-            .collect()
+pub fn check_wire(comm: &Arc<dyn Communicator>, wire: Wire) -> Result<Option<WireCheck>, BenchError> {
+    let topology = comm.topology().clone();
+    tch::manual_seed(0);
+    let model = Model::new(Arch::Resnet18, 10, Device::Cpu)?;
+    let params: Vec<Tensor> = model.trainable().into_iter().map(|(_, t)| t).collect();
+    let backward = |rank: usize| {
+        tch::manual_seed(1000 + rank as i64);
+        let images = Tensor::randn([8, 3, 64, 64], (Kind::Float, Device::Cpu));
+        let labels = Tensor::randint(10, [8], (Kind::Int64, Device::Cpu));
+        model.forward_t(&images, true).cross_entropy_for_logits(&labels).backward();
     };
-    let mut mine = draw(topology.rank);
-    cluster::all_reduce_mean_compressed(comm, &mut mine, wire, &mut Vec::new(), std::time::Duration::ZERO);
-    let all: Vec<Vec<f32>> = (0..topology.world_size).map(draw).collect();
+    let gradients = || -> Result<Vec<f32>, BenchError> {
+        let flat: Vec<Tensor> = params.iter().map(|p| p.grad().reshape([-1])).collect();
+        Ok(Vec::<f32>::try_from(Tensor::cat(&flat, 0))?)
+    };
+    // The reference, before the synchronisation's hooks exist: every rank's own gradients.
+    let mut all = Vec::new();
+    if topology.is_root() {
+        for rank in 0..topology.world_size {
+            tch::no_grad(|| params.iter().for_each(|p| drop(p.grad().f_zero_())));
+            backward(rank);
+            all.push(gradients()?);
+        }
+    }
+    let options = SyncOptions {
+        bucket_mb: crate::config::DistConfig::default().bucket_mb,
+        overlap: true,
+        poll: std::time::Duration::from_micros(crate::config::DistConfig::default().poll_us),
+        wire: Some(wire),
+    };
+    let trainable = model.trainable();
+    let mut sync = GradSync::new(comm.clone(), trainable, options, Reducer::Mpi)?;
+    sync.zero_grad();
+    backward(topology.rank);
+    sync.finish()?;
+    if !topology.is_root() {
+        return Ok(None);
+    }
+    let averaged = gradients()?;
     let world = topology.world_size as f64;
     let (mut exact, mut within_one_ulp, mut max_ulps, mut max_ulps_of_shares) = (0, 0, 0.0f64, 0.0f64);
-    for (i, &result) in mine.iter().enumerate() {
-        let mean = all.iter().map(|v| f64::from(v[i])).sum::<f64>() / world;
+    let (mut same_sign, mut same_sign_within_one_ulp) = (0, 0);
+    for (i, &result) in averaged.iter().enumerate() {
+        let mean = all.iter().map(|g| f64::from(g[i])).sum::<f64>() / world;
         let reference = wire.decode(wire.encode(mean as f32));
         let error = f64::from((result - reference).abs());
         exact += usize::from(error == 0.0);
         let ulps = error / f64::from(wire.ulp(reference));
         within_one_ulp += usize::from(ulps <= 1.0);
         max_ulps = max_ulps.max(ulps);
-        let share = all.iter().map(|v| v[i].abs()).fold(0.0f32, f32::max) / topology.world_size as f32;
+        if all.iter().all(|g| g[i] >= 0.0) || all.iter().all(|g| g[i] <= 0.0) {
+            same_sign += 1;
+            same_sign_within_one_ulp += usize::from(ulps <= 1.0);
+        }
+        let share = all.iter().map(|g| g[i].abs()).fold(0.0f32, f32::max) / topology.world_size as f32;
         max_ulps_of_shares = max_ulps_of_shares.max(error / f64::from(wire.ulp(share)));
     }
-    WireCheck {
+    Ok(Some(WireCheck {
         wire: format!("{wire:?}").to_lowercase(),
-        values,
+        values: averaged.len(),
         exact,
         within_one_ulp,
+        same_sign,
+        same_sign_within_one_ulp,
         max_ulps,
         max_ulps_of_shares,
-    }
+    }))
 }
 
 #[cfg(test)]

@@ -448,8 +448,9 @@ pub enum BenchCommand {
         /// widened back).
         #[arg(long, value_enum, default_value_t = GradCompression::None)]
         compress: GradCompression,
-        /// After timing, check the compressed mean against the exact mean rounded to the wire
-        /// format (with --compress).
+        /// After timing, average ResNet-18's gradients as training does (with --compress) and
+        /// compare them with the exact mean of every rank's gradients rounded to the wire
+        /// format.
         #[arg(long)]
         check: bool,
         #[arg(long)]

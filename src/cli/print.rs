@@ -122,12 +122,15 @@ pub fn wire_check(check: &WireCheck, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string(check)?);
     } else {
         println!(
-            "{} check over {} values: {} ({:.2}%) equal to the exact mean rounded to {}, largest error {:.2} ulp of the mean, {:.2} ulp of the largest share",
+            "{} check over ResNet-18's {} gradients: {:.2}% equal to the exact mean rounded to {}, \
+             {:.2}% within one ulp of it ({:.2}% where the ranks' gradients have one sign); \
+             largest error {:.2} ulp of the mean, {:.2} ulp of the largest share",
             check.wire,
             check.values,
-            check.exact,
             100.0 * check.exact as f64 / check.values.max(1) as f64,
             check.wire,
+            100.0 * check.within_one_ulp as f64 / check.values.max(1) as f64,
+            100.0 * check.same_sign_within_one_ulp as f64 / check.same_sign.max(1) as f64,
             check.max_ulps,
             check.max_ulps_of_shares
         );
