@@ -545,7 +545,8 @@ pub fn check_wire(comm: &Arc<dyn Communicator>, wire: Wire) -> Result<Option<Wir
     let topology = comm.topology().clone();
     tch::manual_seed(0);
     let model = Model::new(Arch::Resnet18, 10, Device::Cpu)?;
-    let params: Vec<Tensor> = model.trainable().into_iter().map(|(_, t)| t).collect();
+    let trainable = model.trainable();
+    let params: Vec<Tensor> = trainable.iter().map(|(_, t)| t.shallow_clone()).collect();
     let backward = |rank: usize| {
         tch::manual_seed(1000 + rank as i64);
         let images = Tensor::randn([8, 3, 64, 64], (Kind::Float, Device::Cpu));
@@ -565,13 +566,13 @@ pub fn check_wire(comm: &Arc<dyn Communicator>, wire: Wire) -> Result<Option<Wir
             all.push(gradients()?);
         }
     }
+    let training = crate::config::DistConfig::default();
     let options = SyncOptions {
-        bucket_mb: crate::config::DistConfig::default().bucket_mb,
+        bucket_mb: training.bucket_mb,
         overlap: true,
-        poll: std::time::Duration::from_micros(crate::config::DistConfig::default().poll_us),
+        poll: std::time::Duration::from_micros(training.poll_us),
         wire: Some(wire),
     };
-    let trainable = model.trainable();
     let mut sync = GradSync::new(comm.clone(), trainable, options, Reducer::Mpi)?;
     sync.zero_grad();
     backward(topology.rank);

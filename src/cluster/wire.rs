@@ -52,7 +52,7 @@ impl Wire {
                 for (values, out) in values.chunks(CHUNK).zip(out.chunks_mut(CHUNK)) {
                     let scaled = &mut scaled[..values.len()];
                     scaled.iter_mut().zip(values).for_each(|(s, &v)| *s = v * scale);
-                    Wire::Fp16.encode_into(scaled, out);
+                    self.encode_into(scaled, out);
                 }
             }
         }
