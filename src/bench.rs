@@ -26,10 +26,10 @@ use tch::{Device, Kind, Tensor};
 use crate::cluster::grad_sync::{bucket_layout, GradSync, Reducer, SyncOptions, FIRST_BUCKET_BYTES};
 use crate::cluster::wire::Wire;
 use crate::cluster::{self, Communicator};
-use crate::config::Config;
+use crate::config::{Config, DistConfig};
 use crate::model::precision::{Compute, ShimError};
 use crate::model::{Arch, Model, ModelError};
-use crate::plan::set_threads;
+use crate::plan::{self, set_threads};
 use crate::train::optim::{OptimError, Optimizer};
 use crate::train::step::{train_step, GradientSync, StepContext, StepError};
 
@@ -108,13 +108,13 @@ pub fn bench_loader(options: &LoaderBench) -> Result<LoaderBenchResult, BenchErr
         batch_size: options.batch_size,
         workers: options.workers,
         prefetch: options.prefetch,
-        drop_last: true,
         skip_bad_samples: false,
         // The loader alone, with nothing to yield to.
         low_priority: false,
         pin_for: None,
     };
-    let mut batches = loader::Loader::new(data, order, transform, 0, 0, 0, loader_options);
+    let every = loader::EpochBatches::every_sample(wanted, options.batch_size);
+    let mut batches = loader::Loader::new(data, order, transform, every, loader_options);
     if let Some(first) = batches.next() {
         first?;
     }
@@ -425,8 +425,7 @@ pub fn allreduce_suite(
         on_root(AllreduceEvent::Started(&topology));
     }
     // The poll interval training uses by default (`dist.poll_us`).
-    let poll = (!suite.blocking)
-        .then(|| std::time::Duration::from_micros(crate::config::DistConfig::default().poll_us));
+    let poll = (!suite.blocking).then(|| plan::sync_options(&DistConfig::default()).poll);
     for &arch in &suite.archs {
         for &bucket_mb in &suite.bucket_mbs {
             let wire = Wire::of(suite.compress);
@@ -566,13 +565,9 @@ pub fn check_wire(comm: &Arc<dyn Communicator>, wire: Wire) -> Result<Option<Wir
             all.push(gradients()?);
         }
     }
-    let training = crate::config::DistConfig::default();
-    let options = SyncOptions {
-        bucket_mb: training.bucket_mb,
-        overlap: true,
-        poll: std::time::Duration::from_micros(training.poll_us),
-        wire: Some(wire),
-    };
+    // Training's defaults, with overlap on (as in training) and this wire format.
+    let options =
+        SyncOptions { overlap: true, wire: Some(wire), ..plan::sync_options(&DistConfig::default()) };
     let mut sync = GradSync::new(comm.clone(), trainable, options, Reducer::Mpi)?;
     sync.zero_grad();
     backward(topology.rank);

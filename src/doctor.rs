@@ -21,6 +21,7 @@ pub use crate::cluster::runtime::{
 use crate::cluster::Topology;
 use crate::config::{Config, DEFAULT_DATA_ROOT};
 use crate::model::precision::{self, Compute};
+use crate::plan;
 use crate::run_dir::manifest::LIBTORCH_VERSION;
 
 /// Below this much free space in the run directory's filesystem, checkpoints may not fit
@@ -92,6 +93,8 @@ impl Mpi {
 pub struct Threads {
     pub cores: usize,
     pub configured: usize,
+    /// The libtorch threads training takes here (`plan::threads_per_rank`).
+    pub per_rank: usize,
     pub local_ranks: usize,
 }
 
@@ -322,10 +325,11 @@ pub fn render(facts: &Facts, findings: &[Finding], preamble: &[String]) -> Strin
         ),
     });
     line(format!(
-        "threads: {} cores, train.threads = {} ({}), {} rank(s) on this node",
+        "threads: {} cores, train.threads = {} ({}: {} per rank), {} rank(s) on this node",
         facts.threads.cores,
         facts.threads.configured,
         if facts.threads.configured == 0 { "this rank's share" } else { "fixed" },
+        facts.threads.per_rank,
         facts.threads.local_ranks
     ));
     for dir in &facts.directories {
@@ -361,9 +365,6 @@ pub struct Examination {
 /// Gathers the facts of this process (under a launcher it joins the job, since MPI's
 /// communicator is the truth) and judges them, with `config` saying which directories matter.
 pub fn examine(config: &Config) -> Examination {
-    let device = if tch::Cuda::is_available() { tch::Device::Cuda(0) } else { tch::Device::Cpu };
-    let (precision, compute_reason) = precision::resolve(config.train.precision, device);
-    let compute = Compute { precision, channels_last: config.train.channels_last, device };
     let probe = Probe::process();
     // A malformed launcher variable is a finding, not the end of the report.
     let (launch, launch_error) = match launcher::detect_from_process() {
@@ -391,11 +392,18 @@ pub fn examine(config: &Config) -> Examination {
             Err(error) => mpi.error = Some(error.to_string()),
         }
     }
-    let local_ranks = mpi.job.as_ref().map_or(1, |job| job.local_world_size);
+    // What training would choose here, from the plan's own functions: this rank's device
+    // (a GPU that cannot be used is reported as a problem below, and the CPU shown) and its
+    // threads.
+    let topology = mpi.job.clone().unwrap_or_else(Topology::single);
+    let device = plan::choose_device(config, &topology).unwrap_or(tch::Device::Cpu);
+    let (precision, compute_reason) = precision::resolve(config.train.precision, device);
+    let compute = Compute { precision, channels_last: config.train.channels_last, device };
     let threads = Threads {
         cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         configured: config.train.threads,
-        local_ranks,
+        per_rank: plan::threads_per_rank(config.train.threads, topology.local_world_size),
+        local_ranks: topology.local_world_size,
     };
     let mut facts = Facts::from_probe(&probe, cuda, mpi, threads);
     facts.data_is_default = config.data.root == Path::new(DEFAULT_DATA_ROOT);
@@ -601,7 +609,12 @@ mod tests {
         let cuda =
             Cuda { available: cuda_available, devices, stack: stack(probe, cuda_built, cuda_available) };
         let mpi = Mpi::from_launch(None);
-        Facts::from_probe(probe, cuda, mpi, Threads { cores: 16, configured: 0, local_ranks: 1 })
+        Facts::from_probe(
+            probe,
+            cuda,
+            mpi,
+            Threads { cores: 16, configured: 0, per_rank: 16, local_ranks: 1 },
+        )
     }
 
     #[test]
@@ -689,7 +702,7 @@ mod tests {
         let mut facts = quiet_facts(&probe, false, false);
         facts.mpi.error = Some("launched by OpenMPI (mpirun) as rank 1 of 2".into());
         facts.mpi.built_in = false;
-        facts.threads = Threads { cores: 8, configured: 6, local_ranks: 2 };
+        facts.threads = Threads { cores: 8, configured: 6, per_rank: 6, local_ranks: 2 };
         facts.directories = vec![
             Directory { role: "data", path: "/nope".into(), exists: false, available_bytes: Some(1 << 40) },
             Directory { role: "run", path: "runs".into(), exists: true, available_bytes: Some(300 << 20) },

@@ -33,11 +33,11 @@ pub fn train(
     resume: Resume,
 ) -> Result<Option<PathBuf>> {
     job::ensure_default_data(config, comm.as_ref())?;
-    job::stage_data(config, comm.as_ref())?;
+    let plan = RunPlan::for_training(config, comm.topology(), resume, None)?;
+    job::stage_data(plan.staging.as_ref(), comm.as_ref())?;
     let run_dir = run_dir.unwrap_or_else(|| run_dir::default_run_dir(config));
     let paths = RunPaths::new(job::broadcast_path(comm.as_ref(), &run_dir));
-    paths.check_writable(resume != Resume::Fresh)?;
-    let plan = RunPlan::for_training(config, comm.topology(), resume, None)?;
+    paths.check_writable(plan.resume != Resume::Fresh)?;
     train::run(&plan, comm, paths.clone()).map_err(preempted_as_such)?;
     Ok(comm.topology().is_root().then(|| paths.summary()))
 }
@@ -56,8 +56,8 @@ pub fn reproduce(
     let epochs = epochs.unwrap_or(config.train.epochs).min(config.train.epochs);
     let out = RunPaths::new(out.unwrap_or_else(|| format!("{}-reproduce", original_dir.display()).into()));
     out.check_empty()?;
-    job::stage_data(config, comm.as_ref())?;
     let plan = RunPlan::for_training(config, comm.topology(), Resume::Fresh, Some(epochs))?;
+    job::stage_data(plan.staging.as_ref(), comm.as_ref())?;
     train::run(&plan, comm, out.clone()).map_err(preempted_as_such)?;
     if !comm.topology().is_root() {
         return Ok(None);

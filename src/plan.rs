@@ -1,19 +1,23 @@
 //! Every decision derived from the configuration and the job, made once: libtorch threads,
 //! loader threads, device, precision and memory format, where the data is read from, the
-//! transforms, the loader's options, steps per epoch, where to resume and when to stop.
+//! transforms, the loader's options, steps per epoch and the batches of each, gradient
+//! synchronisation, where to resume and when to stop.
 //! Training, evaluation, prediction and the benchmarks read a [`RunPlan`] instead of deriving
 //! these again from raw settings.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use tch::Device;
 
 use crate::cluster::device::{self, DeviceError};
+use crate::cluster::grad_sync::SyncOptions;
+use crate::cluster::wire::Wire;
 use crate::cluster::Topology;
-use crate::config::{BadSample, Config, EvalGeometry, TrainGeometry, Workers};
-use crate::data::loader::LoaderOptions;
+use crate::config::{BadSample, Config, DistConfig, EvalGeometry, TrainGeometry, Workers};
+use crate::data::loader::{EpochBatches, LoaderOptions};
 use crate::data::sampler;
-use crate::data::shards;
+use crate::data::shards::{self, Staging};
 use crate::data::transforms::{Augment, Geometry, Transform};
 use crate::model::precision::{self, Compute, ShimError};
 
@@ -49,9 +53,11 @@ pub struct RunPlan {
     pub compute: Compute,
     /// Why `compute.precision` is what it is (for the log and `rtrain doctor`).
     pub compute_reason: String,
-    /// The data's root: the node-local copy when `data.stage_dir` stages a shard set, else
+    /// Where the data is read from: the node-local copy when training stages it, else
     /// `data.root`.
     pub data_root: PathBuf,
+    /// Training's copy of the data to node-local disk, if any (never for inference).
+    pub staging: Option<Staging>,
     pub resume: Resume,
     /// The run ends after this many epochs in all (`train.epochs`, or fewer for `rtrain
     /// reproduce --epochs N`, without changing anything that depends on `train.epochs`, such as
@@ -69,13 +75,19 @@ impl RunPlan {
     ) -> Result<RunPlan, PlanError> {
         precision::set_deterministic(config.run.deterministic)?;
         let threads = set_threads(config.train.threads, topology.local_world_size);
-        let device = device::choose(config.train.device, topology, &device::ThisProcess)?;
+        let device = choose_device(config, topology)?;
         device::prepare(device, config.run.deterministic);
         let last_epoch = stop_after_epochs.map_or(config.train.epochs, |n| n.min(config.train.epochs));
-        Ok(RunPlan::new(config, topology.clone(), threads, device, resume, last_epoch))
+        let mut plan = RunPlan::new(config, topology.clone(), threads, device, resume, last_epoch);
+        if let Some(staging) = staging(config) {
+            plan.data_root = staging.to.clone();
+            plan.staging = Some(staging);
+        }
+        Ok(plan)
     }
 
-    /// The plan of `rtrain eval` and `rtrain predict`: one process on the CPU.
+    /// The plan of `rtrain eval` and `rtrain predict`: one process on the CPU, reading
+    /// `data.root` itself.
     pub fn for_inference(config: &Config) -> RunPlan {
         let threads = set_threads(config.train.threads, 1);
         RunPlan::new(config, Topology::single(), threads, Device::Cpu, Resume::Fresh, 0)
@@ -99,7 +111,8 @@ impl RunPlan {
         );
         RunPlan {
             config: config.clone(),
-            data_root: data_root(config),
+            data_root: config.data.root.clone(),
+            staging: None,
             topology,
             threads,
             loader_workers,
@@ -163,11 +176,34 @@ impl RunPlan {
             batch_size,
             workers: self.loader_workers,
             prefetch: self.config.data.prefetch.max(1),
-            drop_last: self.config.data.drop_last,
             skip_bad_samples: self.config.data.on_bad_sample == BadSample::Skip,
             low_priority: self.compute.device == Device::Cpu,
             pin_for: self.compute.device.is_cuda().then_some(self.compute.device),
         }
+    }
+
+    /// The training batches of `epoch` this rank loads: `steps_per_epoch` of them (from
+    /// [`Self::steps_per_epoch`]), from batch `start` on (resuming mid-epoch), augmented with
+    /// randomness keyed by the run's seed and the epoch.
+    pub fn epoch_batches(&self, epoch: u32, steps_per_epoch: u64, start: u64) -> EpochBatches {
+        let to_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        EpochBatches {
+            seed: self.config.run.seed,
+            epoch: u64::from(epoch),
+            count: to_usize(steps_per_epoch),
+            start: to_usize(start),
+        }
+    }
+
+    /// How gradients are averaged between ranks: the `[dist]` settings.
+    pub fn sync_options(&self) -> SyncOptions {
+        sync_options(&self.config.dist)
+    }
+
+    /// Whether BatchNorm statistics are summed over the ranks (SyncBatchNorm): when
+    /// `model.sync_batchnorm` asks for it and BatchNorm still learns statistics.
+    pub fn sync_batchnorm(&self) -> bool {
+        self.config.model.sync_batchnorm && !self.config.model.freeze_batchnorm
     }
 
     /// Optimizer steps per epoch for a training split of `images` (`dir`, for the message):
@@ -199,27 +235,46 @@ impl RunPlan {
     }
 }
 
-/// Where the data is read from: the node-local copy when `data.stage_dir` stages a shard set
-/// (`rtrain train` makes it first), else `data.root`.
-pub fn data_root(config: &Config) -> PathBuf {
-    match &config.data.stage_dir {
-        Some(stage_dir) if shards::is_shard_dir(&config.data.root) => {
-            shards::staged_root(&config.data.root, stage_dir)
-        }
-        _ => config.data.root.clone(),
+/// Whether training copies its data first: with `data.stage_dir`, `data.root` goes to its
+/// node-local copy (`cluster::job::stage_data` makes it, refusing a root that is not a shard
+/// set).
+fn staging(config: &Config) -> Option<Staging> {
+    let stage_dir = config.data.stage_dir.as_ref()?;
+    let from = config.data.root.clone();
+    Some(Staging { to: shards::staged_root(&from, stage_dir), from })
+}
+
+/// How gradients are averaged between ranks, from the `[dist]` settings.
+pub fn sync_options(dist: &DistConfig) -> SyncOptions {
+    SyncOptions {
+        bucket_mb: dist.bucket_mb,
+        overlap: dist.overlap,
+        poll: Duration::from_micros(dist.poll_us),
+        wire: Wire::of(dist.compress),
     }
 }
 
-/// libtorch intra-op threads: the configured number, else this rank's share of the node: the
-/// cores the launcher bound it to, or, when it was not bound, the node's cores split evenly
-/// among its `local_ranks` (ranks on one node must not oversubscribe the cores).
-pub fn set_threads(configured: usize, local_ranks: usize) -> i32 {
-    let threads = match configured {
+/// libtorch intra-op threads for `train.threads = configured`: that number, else this rank's
+/// share of the node: the cores the launcher bound it to, or, when it was not bound, the
+/// node's cores split evenly among its `local_ranks` (ranks on one node must not
+/// oversubscribe the cores).
+pub fn threads_per_rank(configured: usize, local_ranks: usize) -> usize {
+    match configured {
         0 => core_share(local_ranks),
         n => n,
-    };
+    }
+}
+
+/// Sets libtorch's intra-op threads to [`threads_per_rank`]; returns what libtorch reports.
+pub fn set_threads(configured: usize, local_ranks: usize) -> i32 {
+    let threads = threads_per_rank(configured, local_ranks);
     tch::set_num_threads(i32::try_from(threads).unwrap_or(1));
     tch::get_num_threads()
+}
+
+/// The device this rank computes on, as training chooses it (`train.device`, the rank's GPU).
+pub fn choose_device(config: &Config, topology: &Topology) -> Result<Device, DeviceError> {
+    device::choose(config.train.device, topology, &device::ThisProcess)
 }
 
 /// The cores this rank may use: those the launcher bound it to, or, when it was not bound,

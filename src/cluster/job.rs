@@ -12,7 +12,7 @@ use super::signals::{Preempted, PREEMPTED_EXIT_CODE};
 use super::{Communicator, Topology};
 use crate::config::{Config, ConfigError, DEFAULT_DATA_ROOT};
 use crate::data::ingest::synth;
-use crate::data::shards;
+use crate::data::shards::{self, Staging};
 
 /// Refuses a job whose ranks resolved different configurations or run different rtrain
 /// versions (an MPMD launch, an RTRAIN_* variable set on one node only), naming the first rank
@@ -90,37 +90,31 @@ pub fn broadcast_path(comm: &dyn Communicator, path: &Path) -> PathBuf {
     PathBuf::from(super::broadcast_string(comm, &path.to_string_lossy(), 0))
 }
 
-/// With `data.stage_dir`, the first rank of each node copies the shard set at `data.root` to
-/// `shards::staged_root` (skipping shards already there with the right hash, verifying each
-/// copy) while the node's other ranks wait; training then reads the copy
-/// (`plan::data_root`), and the run records `data.root` as given. The outcome is summed over
-/// all ranks, so a failed copy on any node fails every rank (naming the node and file on the
-/// rank that failed) instead of leaving them waiting. A collective.
-pub fn stage_data(config: &Config, comm: &dyn Communicator) -> Result<()> {
-    let Some(stage_dir) = &config.data.stage_dir else { return Ok(()) };
-    let root = &config.data.root;
-    if !shards::is_shard_dir(root) {
+/// When the plan stages the data (`RunPlan::staging`, from `data.stage_dir`), the first rank of each node copies the
+/// shard set to its node-local copy (skipping shards already there with the right hash,
+/// verifying each copy) while the node's other ranks wait; training then reads the copy
+/// (`RunPlan::data_root`), and the run records `data.root` as given. The outcome is summed
+/// over all ranks, so a failed copy on any node fails every rank (naming the node and file on
+/// the rank that failed) instead of leaving them waiting. A collective.
+pub fn stage_data(staging: Option<&Staging>, comm: &dyn Communicator) -> Result<()> {
+    let Some(Staging { from, to }) = staging else { return Ok(()) };
+    if !shards::is_shard_dir(from) {
         bail!(
             "data.stage_dir is set, but data.root {} is not a shard directory (no {}); make one with `rtrain data prepare`",
-            root.display(),
+            from.display(),
             shards::MANIFEST
         );
     }
-    let dest = shards::staged_root(root, stage_dir);
     let topology = comm.topology();
     let mut outcome = Ok(());
     if topology.local_rank == 0 {
-        outcome = stage_on_this_node(root, &dest, topology);
+        outcome = stage_on_this_node(from, to, topology);
     }
     let mut failed = [f64::from(u8::from(outcome.is_err()))];
     comm.all_reduce_sum_f64(&mut failed);
     outcome?;
     if failed[0] > 0.0 {
-        bail!(
-            "staging data to {} failed on {} node(s); their ranks name the file",
-            dest.display(),
-            failed[0]
-        );
+        bail!("staging data to {} failed on {} node(s); their ranks name the file", to.display(), failed[0]);
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 //!
 //! This module owns batching (`order.chunks(batch_size)`), the worker threads and their
 //! shutdown, and writing each batch straight into a `tch::Tensor`. Batch `k` (counted from
-//! `start_batch`) is built by worker `k % workers` into that worker's own bounded channel and
+//! the first one yielded) is built by worker `k % workers` into that worker's own bounded channel and
 //! the iterator receives from the channels round-robin, so batches arrive in order whatever
 //! the thread timing. Augmentation randomness comes from [`sample_rng`] per sample, so the
 //! batches are bit-identical for any number of workers, including none.
@@ -46,8 +46,6 @@ pub struct LoaderOptions {
     /// Finished batches each worker may hold before it waits for the consumer; 0 means a
     /// worker hands over each batch as it is taken (still one batch ahead while it waits).
     pub prefetch: usize,
-    /// Whether to drop a final batch smaller than `batch_size`.
-    pub drop_last: bool,
     /// Leave out samples that cannot be decoded (the batch is smaller, and says which) instead
     /// of failing with the sample named (`data.on_bad_sample`).
     pub skip_bad_samples: bool,
@@ -87,7 +85,7 @@ fn lower_this_threads_priority() {
 }
 
 /// Everything a worker needs to build any batch of the epoch; shared read-only.
-struct Job {
+struct Batcher {
     dataset: Arc<dyn Dataset>,
     order: Vec<usize>,
     transform: Transform,
@@ -98,7 +96,7 @@ struct Job {
     pin_for: Option<Device>,
 }
 
-impl Job {
+impl Batcher {
     /// Builds batch `k`, or returns `Ok(None)` if `cancel` was raised part-way.
     fn build(&self, k: usize, cancel: &AtomicBool) -> Result<Option<Batch>, DataError> {
         let start = k * self.batch_size;
@@ -208,6 +206,26 @@ pub fn transform_encoded(
     Ok(())
 }
 
+/// Which of an epoch's batches a loader yields: the first `count` of `order.chunks(batch_size)`
+/// (the plan decides how many: [`crate::plan::RunPlan::steps_per_epoch`] for training), from
+/// batch `start` on (resuming mid-epoch), with augmentation randomness keyed by `seed` and
+/// `epoch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EpochBatches {
+    pub seed: u64,
+    pub epoch: u64,
+    pub count: usize,
+    pub start: usize,
+}
+
+impl EpochBatches {
+    /// Every one of `samples` in batches of `batch_size`, the last one partial, with no
+    /// augmentation to key: evaluation and prediction.
+    pub fn every_sample(samples: usize, batch_size: usize) -> EpochBatches {
+        EpochBatches { seed: 0, epoch: 0, count: samples.div_ceil(batch_size.max(1)), start: 0 }
+    }
+}
+
 /// Where batches come from.
 enum Source {
     /// `workers == 0`: build on the iterating thread.
@@ -226,10 +244,10 @@ enum Source {
 ///
 /// Dropping it early stops and joins the workers.
 pub struct Loader {
-    job: Arc<Job>,
+    job: Arc<Batcher>,
     /// Absolute number of the next batch to yield.
     next: usize,
-    /// First batch this loader yields (the `start_batch` it was created with, capped).
+    /// First batch this loader yields (`EpochBatches::start`, capped).
     first: usize,
     /// Number of batches in the whole epoch.
     end: usize,
@@ -239,19 +257,17 @@ pub struct Loader {
 }
 
 impl Loader {
-    /// Starts loading the batches `order.chunks(batch_size)` (the last, partial one dropped
-    /// when `drop_last`), skipping the first `start_batch` of them without decoding
-    /// anything — for resuming mid-epoch. `order` is this epoch's sequence of dataset
-    /// indices (the sampler's job); `seed` and `epoch` key the augmentation randomness.
+    /// Starts loading `batches` of `order.chunks(batch_size)` (at most as many as `order`
+    /// fills), skipping the first `batches.start` of them without decoding anything — for
+    /// resuming mid-epoch. `order` is this epoch's sequence of dataset indices (the sampler's
+    /// job).
     ///
     /// Workers start immediately. A `batch_size` of 0 makes the first item an error.
     pub fn new(
         dataset: Arc<dyn Dataset>,
         order: Vec<usize>,
         transform: Transform,
-        seed: u64,
-        epoch: u64,
-        start_batch: usize,
+        batches: EpochBatches,
         options: LoaderOptions,
     ) -> Loader {
         let invalid = (options.batch_size == 0).then(|| DataError::InvalidOptions {
@@ -259,18 +275,24 @@ impl Loader {
             reason: "batch_size must be at least 1".to_string(),
         });
         let batch_size = options.batch_size.max(1);
-        let end = if invalid.is_some() {
+        let end = match invalid {
             // Nothing but the error will be yielded.
-            0
-        } else if options.drop_last {
-            order.len() / batch_size
-        } else {
-            order.len().div_ceil(batch_size)
+            Some(_) => 0,
+            None => batches.count.min(order.len().div_ceil(batch_size)),
         };
-        let first = start_batch.min(end);
+        let first = batches.start.min(end);
         let (skip_bad_samples, pin_for) = (options.skip_bad_samples, options.pin_for);
-        let job =
-            Arc::new(Job { dataset, order, transform, seed, epoch, batch_size, skip_bad_samples, pin_for });
+        let EpochBatches { seed, epoch, .. } = batches;
+        let job = Arc::new(Batcher {
+            dataset,
+            order,
+            transform,
+            seed,
+            epoch,
+            batch_size,
+            skip_bad_samples,
+            pin_for,
+        });
         let source = if invalid.is_some() || first == end {
             Source::Done
         } else if options.workers == 0 {
@@ -282,7 +304,7 @@ impl Loader {
     }
 
     /// Number of batches this loader yields in all: the epoch's batches minus the skipped
-    /// `start_batch` (constant; it does not count down as batches are taken).
+    /// `start` (constant; it does not count down as batches are taken).
     pub fn len(&self) -> usize {
         self.end - self.first
     }
@@ -292,7 +314,7 @@ impl Loader {
         self.len() == 0
     }
 
-    /// Number of batches in the whole epoch, including any skipped by `start_batch`.
+    /// Number of batches in the whole epoch, including any skipped by `start`.
     pub fn epoch_batches(&self) -> usize {
         self.end
     }
@@ -371,7 +393,7 @@ impl Iterator for Loader {
 /// Starts `options.workers` threads; worker `w` builds batches `first + w`,
 /// `first + w + workers`, … into its own channel. Falls back to inline decoding if the OS
 /// refuses a thread.
-fn spawn_workers(job: &Arc<Job>, first: usize, end: usize, options: &LoaderOptions) -> Source {
+fn spawn_workers(job: &Arc<Batcher>, first: usize, end: usize, options: &LoaderOptions) -> Source {
     let workers = options.workers.min(end - first).max(1);
     let low_priority = options.low_priority;
     let cancel = Arc::new(AtomicBool::new(false));
@@ -442,16 +464,20 @@ mod tests {
         }
     }
 
-    fn options(batch_size: usize, workers: usize, drop_last: bool) -> LoaderOptions {
+    fn options(batch_size: usize, workers: usize) -> LoaderOptions {
         LoaderOptions {
             batch_size,
             workers,
             prefetch: 2,
-            drop_last,
             skip_bad_samples: false,
             low_priority: false,
             pin_for: None,
         }
+    }
+
+    /// The batches from `start` on, as many as the order fills.
+    fn from(seed: u64, epoch: u64, start: usize) -> EpochBatches {
+        EpochBatches { seed, epoch, count: usize::MAX, start }
     }
 
     /// A batch read back: (image values, labels, indices, image tensor shape).
@@ -476,15 +502,8 @@ mod tests {
         let order = vec![7, 2, 10, 0, 5, 3, 9, 1, 8, 4, 6];
         let t = Transform::train(12, Augment::default());
         let run = |workers| {
-            let loader = Loader::new(
-                Arc::clone(&data),
-                order.clone(),
-                t.clone(),
-                42,
-                3,
-                0,
-                options(4, workers, false),
-            );
+            let loader =
+                Loader::new(Arc::clone(&data), order.clone(), t.clone(), from(42, 3, 0), options(4, workers));
             assert_eq!(loader.len(), 3);
             collect(loader)
         };
@@ -507,7 +526,7 @@ mod tests {
         }
         // A different epoch augments differently.
         let other =
-            collect(Loader::new(Arc::clone(&data), order.clone(), t.clone(), 42, 4, 0, options(4, 2, false)));
+            collect(Loader::new(Arc::clone(&data), order.clone(), t.clone(), from(42, 4, 0), options(4, 2)));
         assert_ne!(other[0].0, inline[0].0);
     }
 
@@ -519,7 +538,7 @@ mod tests {
         assert_eq!(data.classes(), ["ants", "bees"]);
         let order: Vec<usize> = (0..data.len()).rev().collect();
         let t = Transform::eval(8, 10);
-        let batches = collect(Loader::new(Arc::clone(&data), order, t, 0, 0, 0, options(3, 2, false)));
+        let batches = collect(Loader::new(Arc::clone(&data), order, t, from(0, 0, 0), options(3, 2)));
         let mut seen = 0;
         for (_, labels, indices, _) in &batches {
             for (&label, &index) in labels.iter().zip(indices) {
@@ -542,7 +561,7 @@ mod tests {
             .unwrap();
         let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
         let t = Transform::eval(8, 9);
-        let batches = collect(Loader::new(data, vec![0, 0], t, 0, 0, 0, options(2, 1, false)));
+        let batches = collect(Loader::new(data, vec![0, 0], t, from(0, 0, 0), options(2, 1)));
         let images = &batches[0].0;
         assert_eq!(batches[0].3, vec![2, 3, 8, 8]);
         for (c, v) in [10u8, 100, 250].into_iter().enumerate() {
@@ -555,18 +574,28 @@ mod tests {
     }
 
     #[test]
-    fn start_batch_skips_and_drop_last_drops() {
+    fn start_skips_and_count_caps() {
         let dir = tempfile::tempdir().unwrap();
         make_tree(dir.path());
         let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
         let order: Vec<usize> = (0..11).collect();
         let t = Transform::train(8, Augment::default());
-        let full =
-            collect(Loader::new(Arc::clone(&data), order.clone(), t.clone(), 1, 0, 0, options(3, 0, true)));
+        let full = collect(Loader::new(
+            Arc::clone(&data),
+            order.clone(),
+            t.clone(),
+            EpochBatches { seed: 1, epoch: 0, count: 3, start: 0 },
+            options(3, 0),
+        ));
         assert_eq!(full.len(), 3); // 11 / 3, last partial dropped
         for workers in [0, 2] {
-            let resumed =
-                Loader::new(Arc::clone(&data), order.clone(), t.clone(), 1, 0, 2, options(3, workers, true));
+            let resumed = Loader::new(
+                Arc::clone(&data),
+                order.clone(),
+                t.clone(),
+                EpochBatches { seed: 1, epoch: 0, count: 3, start: 2 },
+                options(3, workers),
+            );
             assert_eq!(resumed.len(), 1);
             assert_eq!(resumed.epoch_batches(), 3);
             let resumed = collect(resumed);
@@ -575,13 +604,13 @@ mod tests {
             assert_eq!(resumed[0].0, full[2].0);
         }
         // Skipping past the end yields nothing.
-        let past = Loader::new(Arc::clone(&data), order.clone(), t.clone(), 1, 0, 9, options(3, 2, false));
+        let past = Loader::new(Arc::clone(&data), order.clone(), t.clone(), from(1, 0, 9), options(3, 2));
         assert!(past.is_empty());
         assert_eq!(past.count(), 0);
     }
 
     #[test]
-    fn start_batch_does_not_decode_skipped_batches() {
+    fn start_does_not_decode_skipped_batches() {
         // Sample 0 is corrupt; skipping its batch must not touch it.
         let dir = tempfile::tempdir().unwrap();
         make_tree(dir.path());
@@ -594,10 +623,8 @@ mod tests {
                 Arc::clone(&data),
                 order.clone(),
                 t.clone(),
-                0,
-                0,
-                1,
-                options(4, workers, false),
+                from(0, 0, 1),
+                options(4, workers),
             ));
             assert_eq!(got.len(), 2);
         }
@@ -615,7 +642,7 @@ mod tests {
         let order: Vec<usize> = (0..11).collect();
         for workers in [0, 1, 3] {
             let mut loader =
-                Loader::new(Arc::clone(&data), order.clone(), t.clone(), 0, 0, 0, options(2, workers, false));
+                Loader::new(Arc::clone(&data), order.clone(), t.clone(), from(0, 0, 0), options(2, workers));
             let bad_batch = bad_index / 2;
             for _ in 0..bad_batch {
                 assert!(loader.next().unwrap().is_ok());
@@ -634,8 +661,9 @@ mod tests {
         let clean: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
         let t = Transform::train(8, Augment::default());
         let order: Vec<usize> = (0..11).rev().collect();
-        let skip = |workers| LoaderOptions { skip_bad_samples: true, ..options(4, workers, false) };
-        let expected = collect(Loader::new(Arc::clone(&clean), order.clone(), t.clone(), 5, 1, 0, skip(0)));
+        let skip = |workers| LoaderOptions { skip_bad_samples: true, ..options(4, workers) };
+        let expected =
+            collect(Loader::new(Arc::clone(&clean), order.clone(), t.clone(), from(5, 1, 0), skip(0)));
 
         let bad = dir.path().join("bees/02.png");
         std::fs::write(&bad, b"\x89PNG\r\n\x1a\n truncated").unwrap();
@@ -643,7 +671,7 @@ mod tests {
         let bad_index = (0..data.len()).position(|i| data.describe(i) == bad.display().to_string()).unwrap();
         for workers in [0, 2] {
             let batches: Vec<Batch> =
-                Loader::new(Arc::clone(&data), order.clone(), t.clone(), 5, 1, 0, skip(workers))
+                Loader::new(Arc::clone(&data), order.clone(), t.clone(), from(5, 1, 0), skip(workers))
                     .map(Result::unwrap)
                     .collect();
             let skipped: Vec<&String> = batches.iter().flat_map(|b| &b.skipped).collect();
@@ -685,14 +713,11 @@ mod tests {
             Arc::clone(&data),
             order,
             t,
-            0,
-            0,
-            0,
+            from(0, 0, 0),
             LoaderOptions {
                 batch_size: 2,
                 workers: 3,
                 prefetch: 1,
-                drop_last: false,
                 skip_bad_samples: false,
                 low_priority: false,
                 pin_for: None,
@@ -712,11 +737,11 @@ mod tests {
         make_tree(dir.path());
         let data: Arc<dyn Dataset> = Arc::new(ImageFolder::open(dir.path()).unwrap());
         let t = Transform::eval(8, 8);
-        let mut loader = Loader::new(Arc::clone(&data), vec![0, 1], t.clone(), 0, 0, 0, options(0, 2, false));
+        let mut loader = Loader::new(Arc::clone(&data), vec![0, 1], t.clone(), from(0, 0, 0), options(0, 2));
         assert!(matches!(loader.next(), Some(Err(DataError::InvalidOptions { .. }))));
         assert!(loader.next().is_none());
 
-        let mut loader = Loader::new(data, vec![0, 99], t, 0, 0, 0, options(2, 1, false));
+        let mut loader = Loader::new(data, vec![0, 99], t, from(0, 0, 0), options(2, 1));
         assert!(matches!(loader.next(), Some(Err(DataError::IndexOutOfRange { index: 99, .. }))));
         assert!(loader.next().is_none());
     }
@@ -775,10 +800,8 @@ mod tests {
                 data,
                 vec![0, 1, 2, 3],
                 t,
-                0,
-                0,
-                0,
-                LoaderOptions { low_priority, ..options(2, 2, false) },
+                from(0, 0, 0),
+                LoaderOptions { low_priority, ..options(2, 2) },
             );
             assert_eq!(loader.count(), 2);
             assert_eq!(*probe.seen.lock().unwrap(), vec![expected; 4], "low_priority = {low_priority}");

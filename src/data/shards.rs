@@ -419,6 +419,15 @@ pub struct StageReport {
     pub bytes_copied: u64,
 }
 
+/// A copy of a shard set to node-local disk before training (`data.stage_dir`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Staging {
+    /// The shard set as configured (`data.root`), which the run records.
+    pub from: PathBuf,
+    /// Its node-local copy ([`staged_root`]), which training reads.
+    pub to: PathBuf,
+}
+
 /// Where `data.stage_dir` puts the shard set at `root`: a folder named after it plus a short hash
 /// of its absolute path, so two data sets with the same folder name never share a copy.
 pub fn staged_root(root: &Path, stage_dir: &Path) -> PathBuf {

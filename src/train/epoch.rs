@@ -1,15 +1,13 @@
 //! One epoch of training steps: this rank's shard of the epoch's permutation through the
-//! loader, a step per batch, the step records (reduced over the ranks), and the step
-//! checkpoints the policy asks for.
+//! loader, a step per batch, the step reports ([`super::progress`]), and the step checkpoints
+//! the policy asks for.
 
-use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressStyle};
-
+use super::progress::{StepDone, StepReporter};
 use super::trainer::Trainer;
-use super::{policy, reduce_totals, sync_buffers, TrainError};
+use super::{policy, TrainError};
 use crate::cluster::signals::Preempted;
 use crate::cluster::watchdog;
 use crate::cluster::Communicator;
@@ -18,45 +16,38 @@ use crate::data::loader::Loader;
 use crate::data::sampler;
 use crate::model::Model;
 use crate::run_dir::checkpoint::EpochTotals;
-use crate::run_dir::records::StepRecord;
 use crate::run_dir::RunDir;
 
 /// Trains epoch `epoch` from batch `start_batch` on (with the sums of the steps before it,
 /// when resumed); returns this rank's sums of the epoch. Every rank calls it (each step is a
-/// collective, and so are the step records and checkpoints).
+/// collective, and so are the step reports and checkpoints).
 pub fn train_epoch(
     trainer: &mut Trainer<'_>,
     model: &Model,
     dataset: &Arc<dyn Dataset>,
     comm: &dyn Communicator,
     out: &mut RunDir,
-    (start_batch, mut totals): (usize, EpochTotals),
+    (start_batch, mut totals): (u64, EpochTotals),
     epoch: u32,
 ) -> Result<EpochTotals, TrainError> {
-    let plan = trainer.plan;
-    let config = &plan.config;
-    let topology = &plan.topology;
-    let steps_per_epoch = trainer.steps_per_epoch;
+    let plan = trainer.plan();
+    let (config, topology) = (&plan.config, &plan.topology);
+    let steps_per_epoch = trainer.steps_per_epoch();
     let permutation = sampler::epoch_permutation(dataset.len(), config.run.seed, u64::from(epoch));
     let order = sampler::rank_shard(&permutation, topology.rank, topology.world_size, config.dist.uneven);
-    let loader = Loader::new(
-        dataset.clone(),
-        order,
-        plan.train_transform(),
-        config.run.seed,
-        u64::from(epoch),
-        start_batch,
-        plan.train_loader(),
+    let batches = plan.epoch_batches(epoch, steps_per_epoch, start_batch);
+    let loader = Loader::new(dataset.clone(), order, plan.train_transform(), batches, plan.train_loader());
+    let mut reporter = StepReporter::new(
+        (epoch, config.train.epochs),
+        (start_batch, steps_per_epoch),
+        config.train.log_every_steps,
+        topology.is_root(),
     );
-    let progress = match topology.is_root() {
-        true => progress_bar(steps_per_epoch, start_batch as u64, epoch, config.train.epochs),
-        false => ProgressBar::hidden(),
-    };
-    let mut window = (Instant::now(), 0u64);
     // Training time includes waiting for the loader (what an epoch costs), not logging and
     // checkpoints.
     let mut mark = Instant::now();
-    for (step_in_epoch, batch) in (start_batch as u64 + 1..=steps_per_epoch).zip(loader) {
+    // The loader yields the plan's batches of the epoch, from the resumed one on.
+    for (step_in_epoch, batch) in (start_batch + 1..).zip(loader) {
         let batch = batch?;
         for bad in &batch.skipped {
             tracing::warn!("skipped an undecodable sample (data.on_bad_sample = skip): {bad}");
@@ -75,49 +66,28 @@ pub fn train_epoch(
         totals.correct += output.correct;
         totals.samples += samples;
         totals.seconds += mark.elapsed().as_secs_f64();
-        window.1 += samples;
-        progress.inc(1);
-
-        if step_in_epoch % config.train.log_every_steps == 0 || step_in_epoch == steps_per_epoch {
-            // Global values: the step's loss and accuracy over every rank's batch. A collective.
-            let mut sums =
-                [output.loss * samples as f64, output.correct as f64, samples as f64, window.1 as f64];
-            comm.all_reduce_sum_f64(&mut sums);
-            let (loss, accuracy) = (sums[0] / sums[2].max(1.0), sums[1] / sums[2].max(1.0));
-            let rate = sums[3] / window.0.elapsed().as_secs_f64().max(1e-9);
-            window = (Instant::now(), 0);
-            out.log_step(StepRecord {
-                epoch,
-                step: step_in_epoch,
-                global_step: trainer.steps(),
-                loss,
-                accuracy,
-                lr,
-                images_per_second: rate,
-            })?;
-            progress.set_message(format!("loss {loss:.4} lr {lr:.4} {rate:.0} img/s"));
-            if progress.is_hidden() && topology.is_root() {
-                tracing::info!(
-                    "epoch {}/{} step {step_in_epoch}/{steps_per_epoch}: loss {loss:.4} lr {lr:.5} {rate:.1} img/s",
-                    epoch + 1,
-                    config.train.epochs
-                );
-            }
-        }
+        let done = StepDone {
+            epoch,
+            step_in_epoch,
+            global_step: trainer.steps(),
+            lr,
+            loss: output.loss,
+            correct: output.correct,
+            samples,
+        };
+        reporter.after_step(&done, comm, out)?;
         if output.stop && step_in_epoch == steps_per_epoch {
             // The epoch's own checkpoint, after its evaluation, is where to resume.
-            trainer.stop_at_epoch_end = true;
+            trainer.stop_at_epoch_end();
         } else if output.stop {
             return Err(stop_mid_epoch(trainer, model, comm, out, (epoch, step_in_epoch), &totals));
         }
         if policy::save_after_step(&config.checkpoint, step_in_epoch, steps_per_epoch) {
-            let so_far = reduce_totals(comm, &totals);
-            sync_buffers(comm, model);
-            trainer.save_checkpoint(model, out, epoch, step_in_epoch, so_far)?;
+            trainer.checkpoint_mid_epoch(model, comm, out, (epoch, step_in_epoch), &totals)?;
         }
         mark = Instant::now();
     }
-    progress.finish_and_clear();
+    reporter.finish();
     Ok(totals)
 }
 
@@ -129,29 +99,14 @@ fn stop_mid_epoch(
     model: &Model,
     comm: &dyn Communicator,
     out: &mut RunDir,
-    (epoch, step_in_epoch): (u32, u64),
+    at: (u32, u64),
     totals: &EpochTotals,
 ) -> TrainError {
-    let so_far = reduce_totals(comm, totals);
-    sync_buffers(comm, model);
-    let saved = trainer.save_checkpoint(model, out, epoch, step_in_epoch, so_far);
+    let saved = trainer.checkpoint_mid_epoch(model, comm, out, at, totals);
     let saved = saved.and_then(|path| out.write_manifest().map(|()| path).map_err(TrainError::from));
     comm.barrier();
     match saved {
         Ok(checkpoint) => TrainError::Preempted(Preempted { global_step: trainer.steps(), checkpoint }),
         Err(error) => error,
     }
-}
-
-fn progress_bar(steps: u64, done: u64, epoch: u32, epochs: u32) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(steps).with_position(done);
-    let style = ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg} ({eta})")
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ");
-    bar.set_style(style);
-    bar.set_prefix(format!("{}/{epochs}", epoch + 1));
-    bar
 }

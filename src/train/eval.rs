@@ -13,7 +13,7 @@ use crate::cluster::Communicator;
 use crate::config::Config;
 use crate::data::dataset::DataError;
 use crate::data::dataset::Dataset;
-use crate::data::loader::{Loader, LoaderOptions};
+use crate::data::loader::{EpochBatches, Loader, LoaderOptions};
 use crate::data::transforms::Transform;
 use crate::model::precision::{Compute, ShimError};
 use crate::model::Model;
@@ -113,8 +113,8 @@ pub fn evaluate(
     let topology = comm.topology();
     let dir = dataset.root().to_path_buf();
     let order: Vec<usize> = (topology.rank..dataset.len()).step_by(topology.world_size).collect();
-    let loader =
-        Loader::new(dataset, order, transform, 0, 0, 0, LoaderOptions { drop_last: false, ..options });
+    let batches = EpochBatches::every_sample(order.len(), options.batch_size);
+    let loader = Loader::new(dataset, order, transform, batches, options);
     let mut confusion = Confusion::new(model.num_classes);
     tch::no_grad(|| {
         for batch in loader {

@@ -7,13 +7,14 @@
 //! run directory ([`RunDir`]); metrics and evaluations are summed over ranks first.
 //!
 //! The parts: [`step`] (the one training step), [`trainer`] (optimizer, schedule, gradient sync
-//! and where training stands), [`epoch`] (one epoch of steps), [`eval`], [`policy`] (when to
-//! save and delete checkpoints) and [`optim`].
+//! and where training stands), [`epoch`] (one epoch of steps), [`progress`] (the step
+//! reports), [`eval`], [`policy`] (when to save and delete checkpoints) and [`optim`].
 
 pub mod epoch;
 pub mod eval;
 pub mod optim;
 pub mod policy;
+pub mod progress;
 pub mod step;
 pub mod trainer;
 
@@ -23,11 +24,10 @@ use std::time::{Duration, Instant};
 
 use tch::{Device, Kind};
 
-use crate::cluster::grad_sync::{choose_reducer, GradSync, GradSyncError, SyncOptions};
+use crate::cluster::grad_sync::{choose_reducer, GradSync, GradSyncError};
 use crate::cluster::nccl::NcclLibrary;
 use crate::cluster::signals::{self, Preempted};
 use crate::cluster::watchdog;
-use crate::cluster::wire::Wire;
 use crate::cluster::{self, Communicator, DistError};
 use crate::data::dataset::{DataError, Dataset};
 use crate::data::shards::ShardError;
@@ -105,7 +105,7 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     broadcast_weights(comm.as_ref(), &model);
     // Also in a job of one, where the sum is the identity: the same arithmetic at every world
     // size, so runs at different sizes stay comparable.
-    if plan.config.model.sync_batchnorm && !plan.config.model.freeze_batchnorm {
+    if plan.sync_batchnorm() {
         let comm = Arc::clone(comm);
         model.sync_batchnorm(Box::new(move |values| comm.all_reduce_sum_f64_in_model(values)));
     }
@@ -128,7 +128,7 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     }
     // From here every wait is a training-time one, NCCL's set-up included.
     watchdog::set_limit(Duration::from_secs_f64(plan.config.dist.timeout_s));
-    trainer.sync = join_gradient_sync(plan, &model, comm)?;
+    trainer.join_gradient_sync(join_gradient_sync(plan, &model, comm)?);
     log_start(plan, &data, steps_per_epoch, out.paths());
     for epoch in position.epoch..plan.last_epoch {
         let resumed = position.within(epoch, plan.topology.is_root());
@@ -140,7 +140,7 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
         let val = eval::evaluate_split(&model, &data.val, plan, comm.as_ref())?;
         watchdog::set_phase("checkpoint", trainer.steps());
         trainer.finish_epoch(&model, epoch, &totals, val, &mut out)?;
-        if trainer.stop_at_epoch_end && epoch + 1 < plan.last_epoch {
+        if trainer.stops_at_epoch_end() && epoch + 1 < plan.last_epoch {
             comm.barrier();
             let checkpoint = out.writes().then(|| out.paths().step_checkpoint(trainer.steps()));
             return Err(TrainError::Preempted(Preempted { global_step: trainer.steps(), checkpoint }));
@@ -334,19 +334,12 @@ fn join_gradient_sync(
     }
     let device = plan.compute.device;
     let reducer = choose_reducer(comm, device, NcclLibrary::load_shared).map_err(GradSyncError::from)?;
-    let dist = &plan.config.dist;
-    let wire = Wire::of(dist.compress);
-    let on_the_wire = wire.map_or("fp32".to_string(), |wire| format!("{wire:?}").to_lowercase());
+    let options = plan.sync_options();
+    let on_the_wire = options.wire.map_or("fp32".to_string(), |wire| format!("{wire:?}").to_lowercase());
     tracing::info!(
         "gradient all-reduce: {}, {on_the_wire} on the wire",
         reducer.describe(comm.as_ref(), device.is_cuda())
     );
-    let options = SyncOptions {
-        bucket_mb: dist.bucket_mb,
-        overlap: dist.overlap,
-        poll: std::time::Duration::from_micros(dist.poll_us),
-        wire,
-    };
     Ok(GradientSync::AllReduce(GradSync::new(comm.clone(), model.trainable(), options, reducer)?))
 }
 
@@ -365,13 +358,12 @@ fn run_manifest(
         DataSplit::hash(&config.data.train_split, data.train.as_ref())?,
         DataSplit::hash(&config.data.val_split, data.val.as_ref())?,
     ];
-    if config.data.stage_dir.is_some() {
+    if let Some(staging) = &plan.staging {
         // A staged copy holds the same files under the same names as `data.root`; record the
         // lasting original, which `rtrain verify` can still find after the node's local disk
         // is wiped.
         for split in &mut splits {
-            split.root =
-                std::fs::canonicalize(&config.data.root).unwrap_or_else(|_| config.data.root.clone());
+            split.root = std::fs::canonicalize(&staging.from).unwrap_or_else(|_| staging.from.clone());
         }
     }
     tracing::info!(

@@ -1,7 +1,8 @@
 //! What trains the model and remembers where training stands: the optimizer and its
 //! learning-rate schedule, the gradient sync, the best and last validation scores. It takes
 //! steps, restores from a checkpoint, and describes itself for checkpoints and the summary.
-//! None of its methods is a collective except [`Trainer::step`] (through the gradient sync).
+//! None of its methods is a collective except [`Trainer::step`] (through the gradient sync)
+//! and [`Trainer::checkpoint_mid_epoch`].
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -12,7 +13,8 @@ use super::eval::EvalReport;
 use super::optim::{Optimizer, Schedule};
 use super::policy;
 use super::step::{self, GradientSync, StepContext, StepOutput};
-use super::{Splits, TrainError};
+use super::{reduce_totals, sync_buffers, Splits, TrainError};
+use crate::cluster::Communicator;
 use crate::model::Model;
 use crate::plan::RunPlan;
 use crate::run_dir::checkpoint::{self, CheckpointError, CheckpointMeta, EpochTotals, WeightsMeta};
@@ -25,7 +27,7 @@ use crate::util::tensor_io;
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Position {
     pub epoch: u32,
-    pub step_in_epoch: usize,
+    pub step_in_epoch: u64,
     /// Optimizer steps taken in all.
     pub global_step: u64,
     pub totals: EpochTotals,
@@ -35,7 +37,7 @@ impl Position {
     /// Where epoch `epoch` starts on this rank, and the sums it starts from: after the resumed
     /// steps in the epoch training resumed in, else at its beginning. The checkpointed sums are
     /// global: rank 0 (`carries_totals`) carries them, the others start from zero.
-    pub fn within(&self, epoch: u32, carries_totals: bool) -> (usize, EpochTotals) {
+    pub fn within(&self, epoch: u32, carries_totals: bool) -> (u64, EpochTotals) {
         match (epoch == self.epoch, carries_totals) {
             (true, true) => (self.step_in_epoch, self.totals),
             (true, false) => (self.step_in_epoch, EpochTotals::default()),
@@ -45,13 +47,13 @@ impl Position {
 }
 
 pub struct Trainer<'a> {
-    pub plan: &'a RunPlan,
-    pub optimizer: Optimizer,
-    pub schedule: Schedule,
-    /// Set once the ranks have joined it (see `train::run`); local until then.
-    pub sync: GradientSync,
+    plan: &'a RunPlan,
+    optimizer: Optimizer,
+    schedule: Schedule,
+    /// Local until the ranks have joined a synchronisation ([`Trainer::join_gradient_sync`]).
+    sync: GradientSync,
     classes: Vec<String>,
-    pub steps_per_epoch: u64,
+    steps_per_epoch: u64,
     best_val_top1: Option<f64>,
     last_val_top1: Option<f64>,
     /// Over the epochs trained in this process (not the resumed ones).
@@ -60,7 +62,7 @@ pub struct Trainer<'a> {
     final_eval: Option<EvalReport>,
     /// The ranks agreed to stop at an epoch's last step: stop once the epoch is evaluated and
     /// checkpointed (the same on every rank).
-    pub stop_at_epoch_end: bool,
+    stop_at_epoch_end: bool,
 }
 
 impl<'a> Trainer<'a> {
@@ -80,6 +82,33 @@ impl<'a> Trainer<'a> {
             final_eval: None,
             stop_at_epoch_end: false,
         }
+    }
+
+    pub fn plan(&self) -> &'a RunPlan {
+        self.plan
+    }
+
+    /// Optimizer steps per epoch, from the plan.
+    pub fn steps_per_epoch(&self) -> u64 {
+        self.steps_per_epoch
+    }
+
+    /// Averages gradients with the other ranks from the next step on, through `sync` (which
+    /// the ranks joined together: `train::run`'s `join_gradient_sync`).
+    pub fn join_gradient_sync(&mut self, sync: GradientSync) {
+        self.sync = sync;
+    }
+
+    /// The ranks agreed to stop at the end of this epoch, once it is evaluated and
+    /// checkpointed.
+    pub fn stop_at_epoch_end(&mut self) {
+        self.stop_at_epoch_end = true;
+    }
+
+    /// Whether the run stops after the epoch just finished ([`Self::stop_at_epoch_end`]);
+    /// equal on every rank.
+    pub fn stops_at_epoch_end(&self) -> bool {
+        self.stop_at_epoch_end
     }
 
     /// Optimizer steps taken in all.
@@ -149,21 +178,40 @@ impl<'a> Trainer<'a> {
         );
         Ok(Position {
             epoch: meta.epoch,
-            step_in_epoch: usize::try_from(meta.step_in_epoch).unwrap_or(usize::MAX),
+            step_in_epoch: meta.step_in_epoch,
             global_step: meta.global_step,
             totals: meta.epoch_totals,
         })
     }
 
-    /// Saves a checkpoint of `model` at `epoch`/`step_in_epoch` with the epoch's global sums so
-    /// far (rank 0 writes; no collective: reduce the sums and sync the buffers first). A model
-    /// or optimizer state that is no longer finite is an error, and nothing is written.
-    pub fn save_checkpoint(
+    /// Checkpoints training where it stands in the middle of an epoch, after step
+    /// `step_in_epoch` of epoch `epoch`, with this rank's sums of the epoch so far (`local`).
+    /// A collective, the one way to checkpoint mid-epoch: the sums are added up over the ranks
+    /// and every rank takes rank 0's BatchNorm statistics (so the checkpoint holds the model
+    /// every rank goes on with), then rank 0 writes. Returns the checkpoint's path on rank 0.
+    pub fn checkpoint_mid_epoch(
+        &self,
+        model: &Model,
+        comm: &dyn Communicator,
+        out: &mut RunDir,
+        (epoch, step_in_epoch): (u32, u64),
+        local: &EpochTotals,
+    ) -> Result<Option<PathBuf>, TrainError> {
+        let global = reduce_totals(comm, local);
+        sync_buffers(comm, model);
+        self.write_checkpoint(model, out, (epoch, step_in_epoch), global)
+    }
+
+    /// Writes a checkpoint of `model` at `epoch`/`step_in_epoch` with the epoch's global sums
+    /// so far, on rank 0 (the others return at once). Not a collective: the callers
+    /// ([`Self::checkpoint_mid_epoch`], and [`Self::finish_epoch`] after the loop reduced and
+    /// synced) make the ranks agree first. A model or optimizer state that is no longer finite
+    /// is an error, and nothing is written.
+    fn write_checkpoint(
         &self,
         model: &Model,
         out: &mut RunDir,
-        epoch: u32,
-        step_in_epoch: u64,
+        (epoch, step_in_epoch): (u32, u64),
         totals: EpochTotals,
     ) -> Result<Option<PathBuf>, TrainError> {
         if !out.writes() {
@@ -197,7 +245,8 @@ impl<'a> Trainer<'a> {
     }
 
     /// Logs a finished epoch (its global training sums and evaluation), and saves what the
-    /// checkpoint policy asks for. No collective.
+    /// checkpoint policy asks for. No collective: call it after the epoch's sums are reduced
+    /// and the buffers synced (`train::run` does both before evaluating).
     pub fn finish_epoch(
         &mut self,
         model: &Model,
@@ -259,7 +308,7 @@ impl<'a> Trainer<'a> {
         let actions = policy::after_epoch(&config.checkpoint, epoch, config.train.epochs, is_best);
         // A stop at the epoch's end resumes from its checkpoint, whatever the policy says.
         if actions.save || self.stop_at_epoch_end {
-            let saved = self.save_checkpoint(model, out, epoch + 1, 0, EpochTotals::default())?;
+            let saved = self.write_checkpoint(model, out, (epoch + 1, 0), EpochTotals::default())?;
             if let (Some(path), true) = (saved, actions.keep_as_best) {
                 out.save_best(&path)?;
             }
