@@ -17,6 +17,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# `rtrain bench loader` times training's configured transform; these make it torchvision's
+# RandomResizedCrop (scale 0.08-1) on fully decoded, unrotated images, as the reference does.
+TORCHVISION_TRANSFORM = ["--set", "data.scale=[0.08, 1.0]", "--set", "data.jpeg_draft=false",
+                         "--set", "data.exif_orientation=false"]
 
 
 def run(command):
@@ -59,8 +63,10 @@ def main():
             memory = {"rtrain shards": [], "rtrain tree": [], "pytorch": []}
             for _ in range(args.repeats):
                 for name, command in [
-                    ("rtrain shards", [args.rtrain, "bench", "loader", "--json", "--data", str(shards), *common]),
-                    ("rtrain tree", [args.rtrain, "bench", "loader", "--json", "--data", str(tree), *common]),
+                    ("rtrain shards", [args.rtrain, "bench", "loader", "--json", "--data", str(shards), *common,
+                                       *TORCHVISION_TRANSFORM]),
+                    ("rtrain tree", [args.rtrain, "bench", "loader", "--json", "--data", str(tree), *common,
+                                     *TORCHVISION_TRANSFORM]),
                     ("pytorch", [sys.executable, str(ROOT / "bench/loader_reference.py"),
                                  "--data", str(tree / "train"), *common]),
                 ]:

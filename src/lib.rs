@@ -9,7 +9,6 @@ pub mod cluster;
 pub mod config;
 pub mod data;
 pub mod doctor;
-pub mod jobs;
 pub mod model;
 pub mod plan;
 pub mod predict;

@@ -56,7 +56,8 @@ fn every_source_file_is_named_in_the_readme_layout() {
         let named = entries.iter().any(|(path, text)| {
             // `src/plan.rs  ...` names a top-level file; `src/data/  ... loader.rs ...` one in a
             // directory, whose mod.rs the directory's entry stands for.
-            *path == file.display().to_string() || (*path == dir && (name == "mod.rs" || text.contains(&name)))
+            *path == file.display().to_string()
+                || (*path == dir && (name == "mod.rs" || text.contains(&name)))
         });
         if !named {
             missing.push(file.display().to_string());
@@ -101,7 +102,10 @@ fn documented_keys(text: &str) -> BTreeSet<String> {
         let assignment = line.strip_prefix('#').map_or(line, str::trim_start);
         let Some((key, _)) = assignment.split_once('=') else { continue };
         let key = key.trim();
-        if !section.is_empty() && !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        if !section.is_empty()
+            && !key.is_empty()
+            && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
             keys.insert(format!("{section}.{key}"));
         }
     }

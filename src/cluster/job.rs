@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 
-use super::signals::{Preempted, PREEMPTED_EXIT_CODE};
+use super::signals::Preempted;
 use super::{Communicator, Topology};
 use crate::config::{Config, ConfigError, DEFAULT_DATA_ROOT};
 use crate::data::ingest::synth;
@@ -42,24 +42,13 @@ pub fn agree_on_config(comm: &dyn Communicator, config: &Config) -> Result<(), C
     Err(ConfigError::RanksDiffer { rank, host: hosts[rank].clone(), differences: differences.join(", ") })
 }
 
-/// The exit status for a failed command: 2 for usage and configuration errors, 75 for a run
-/// stopped by a signal with its checkpoint saved, 1 otherwise.
-pub fn exit_code(error: &anyhow::Error) -> u8 {
-    if error.downcast_ref::<ConfigError>().is_some() {
-        2
-    } else if error.downcast_ref::<Preempted>().is_some() {
-        PREEMPTED_EXIT_CODE
-    } else {
-        1
-    }
-}
-
 /// Runs `body` as this process's part of the job (MPI, or alone). The configuration chooses
 /// the all-reduce algorithm, which must be set before MPI starts; a bad configuration is
 /// reported after that, so that any rank's error, bad configuration included, ends the whole
-/// job.
+/// job, with the status `exit_code` (the command line's policy) gives the error.
 pub fn run_in_job(
     loaded: Result<Config>,
+    exit_code: fn(&anyhow::Error) -> u8,
     body: impl FnOnce(&Config, Arc<dyn Communicator>) -> Result<()>,
 ) -> Result<()> {
     let algorithm = loaded.as_ref().map(|config| config.dist.allreduce).unwrap_or_default();

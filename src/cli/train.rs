@@ -1,0 +1,136 @@
+//! `rtrain train` and `rtrain reproduce`: the commands that run as one rank of a job. Each
+//! joins the job (`job::run_in_job`), then every rank makes the same calls in the same order:
+//! the set-up every rank takes part in (default data, node-local staging, the run directory's
+//! name), the plan, training; rank 0 alone prints the outcome.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use clap::Args;
+
+use super::{exit_code, ConfigArgs};
+use crate::cluster::{job, Communicator};
+use crate::config::Config;
+use crate::plan::{Resume, RunPlan};
+use crate::run_dir::manifest::Manifest;
+use crate::run_dir::reproduce::{self, Verdict};
+use crate::run_dir::{self, RunPaths};
+use crate::train::{self, TrainError};
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Run directory (default: <run.dir>/<run.name>, or a timestamped name).
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    /// `auto` (newest valid checkpoint in the run directory, else a fresh start) or a path.
+    #[arg(long)]
+    pub resume: Option<String>,
+}
+
+impl TrainArgs {
+    fn resume(&self) -> Resume {
+        match self.resume.as_deref() {
+            None => Resume::Fresh,
+            Some("auto") => Resume::Auto,
+            Some(path) => Resume::From(PathBuf::from(path)),
+        }
+    }
+
+    pub(super) fn run(self) -> Result<()> {
+        let loaded = self.config.load().map(|loaded| loaded.config);
+        let resume = self.resume();
+        job::run_in_job(loaded, exit_code, |config, comm| {
+            if let Some(summary) = train_as_rank(config, &comm, self.run_dir, resume)? {
+                println!("{}", summary.display());
+            }
+            Ok(())
+        })
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ReproduceArgs {
+    /// The run to reproduce (its manifest.json).
+    pub run_dir: PathBuf,
+    /// Re-run only the first N epochs (with the original schedule), and compare those.
+    #[arg(long)]
+    pub epochs: Option<u32>,
+    /// Where the new run goes (default: RUN_DIR-reproduce).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+impl ReproduceArgs {
+    pub(super) fn run(self) -> Result<()> {
+        let original = Manifest::read(&self.run_dir);
+        let loaded = original.as_ref().map(|m| m.config.clone()).map_err(|e| anyhow!("{e}"));
+        job::run_in_job(loaded, exit_code, |config, comm| {
+            let original = original.map_err(|e| anyhow!("{e}"))?;
+            let compared =
+                reproduce_as_rank(config, &comm, (&original, &self.run_dir), self.epochs, self.out)?;
+            let Some((out, verdict)) = compared else { return Ok(()) };
+            for line in &verdict.lines {
+                println!("{line}");
+            }
+            if !verdict.reproduced {
+                bail!("{} did not reproduce {} (see above)", out.display(), self.run_dir.display());
+            }
+            Ok(())
+        })
+    }
+}
+
+/// A preempted run's error as [`crate::cluster::signals::Preempted`] itself, which the job
+/// layer recognises (its exit code, and no abort: every rank stops together).
+fn preempted_as_such(error: TrainError) -> anyhow::Error {
+    match error {
+        TrainError::Preempted(preempted) => anyhow::Error::new(preempted),
+        other => other.into(),
+    }
+}
+
+/// Trains into `run_dir` (default: a name from the configuration); returns the path of
+/// `summary.json` on rank 0. A collective: every rank calls it.
+fn train_as_rank(
+    config: &Config,
+    comm: &Arc<dyn Communicator>,
+    run_dir: Option<PathBuf>,
+    resume: Resume,
+) -> Result<Option<PathBuf>> {
+    job::ensure_default_data(config, comm.as_ref())?;
+    let plan = RunPlan::for_training(config, comm.topology(), resume, None)?;
+    job::stage_data(plan.staging.as_ref(), comm.as_ref())?;
+    let run_dir = run_dir.unwrap_or_else(|| run_dir::default_run_dir(config));
+    let paths = RunPaths::new(job::broadcast_path(comm.as_ref(), &run_dir));
+    paths.check_writable(plan.resume != Resume::Fresh)?;
+    train::run(&plan, comm, paths.clone()).map_err(preempted_as_such)?;
+    Ok(comm.topology().is_root().then(|| paths.summary()))
+}
+
+/// Re-runs the run at `original_dir` (whose manifest is `original`, configuration `config`)
+/// into `out` (default: `<original_dir>-reproduce`), for its first `epochs` epochs (default:
+/// all), and compares the two manifests; returns the new run's directory and the verdict on
+/// rank 0. A collective: every rank calls it.
+fn reproduce_as_rank(
+    config: &Config,
+    comm: &Arc<dyn Communicator>,
+    (original, original_dir): (&Manifest, &Path),
+    epochs: Option<u32>,
+    out: Option<PathBuf>,
+) -> Result<Option<(PathBuf, Verdict)>> {
+    let epochs = epochs.unwrap_or(config.train.epochs).min(config.train.epochs);
+    let out = RunPaths::new(out.unwrap_or_else(|| format!("{}-reproduce", original_dir.display()).into()));
+    out.check_empty()?;
+    let plan = RunPlan::for_training(config, comm.topology(), Resume::Fresh, Some(epochs))?;
+    job::stage_data(plan.staging.as_ref(), comm.as_ref())?;
+    train::run(&plan, comm, out.clone()).map_err(preempted_as_such)?;
+    if !comm.topology().is_root() {
+        return Ok(None);
+    }
+    let verdict =
+        reproduce::compare(original, &Manifest::read(out.root())?, epochs, plan.topology.world_size);
+    Ok(Some((out.root().to_path_buf(), verdict)))
+}
