@@ -148,7 +148,7 @@ pub enum BadSample {
 #[serde(default, deny_unknown_fields)]
 pub struct DataConfig {
     /// Class-per-folder image tree with `train_split` and `val_split` subdirectories, or a
-    /// shard directory from `rtrain data prepare` (it has a manifest.json).
+    /// shard directory from `rtrain data prepare` (it has a shards.json).
     pub root: PathBuf,
     /// Node-local directory (e.g. /tmp/rtrain) to copy shards to before training: local rank 0
     /// of each node copies what is missing and verifies it, the other ranks wait. Unset: read
@@ -248,9 +248,9 @@ pub struct OptimConfig {
     pub momentum: f64,
     /// SGD only.
     pub nesterov: bool,
-    /// AdamW only.
+    /// Adam and AdamW.
     pub betas: [f64; 2],
-    /// AdamW only.
+    /// Adam and AdamW.
     pub eps: f64,
 }
 

@@ -71,6 +71,23 @@ fn every_source_file_is_named_in_the_readme_layout() {
         .filter(|path| path.starts_with("src/") && !repo.join(path).exists())
         .collect();
     assert!(stale.is_empty(), "README's Layout names paths that do not exist: {stale:?}");
+    // Nor does a directory's entry name a file that is elsewhere (`precision.rs` under train/).
+    let misplaced: Vec<String> = entries
+        .iter()
+        .filter(|(path, _)| path.starts_with("src/") && path.ends_with('/'))
+        .flat_map(|(path, text)| file_names(text).into_iter().map(move |name| format!("{path}{name}")))
+        .filter(|file| !repo.join(file).exists())
+        .collect();
+    assert!(misplaced.is_empty(), "README's Layout places these files where they are not: {misplaced:?}");
+}
+
+/// The bare `name.rs` words of a text (not those in a longer path such as `src/shim/x.rs`).
+fn file_names(text: &str) -> Vec<String> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '/'))
+        .map(|word| word.trim_end_matches('.'))
+        .filter(|word| word.ends_with(".rs") && !word.contains('/'))
+        .map(str::to_string)
+        .collect()
 }
 
 /// Dotted paths of every leaf of a JSON object (`train.epochs`); arrays are leaves.

@@ -18,9 +18,9 @@ pub enum DataCommand {
     Synth(SynthArgs),
     /// Convert IDX files (MNIST, Fashion-MNIST) into OUT/<split>/<class>/*.png.
     ImportIdx(ImportIdxArgs),
-    /// Convert an image tree (SRC/<split>/<class>/*) into WebDataset tar shards + manifest.json.
+    /// Convert an image tree (SRC/<split>/<class>/*) into WebDataset tar shards + shards.json.
     Prepare(PrepareArgs),
-    /// Re-hash a shard directory against its manifest.json; names every bad shard.
+    /// Re-hash a shard directory against its shards.json; names every bad shard.
     Verify(ShardVerifyArgs),
     /// Copy a shard directory to DEST (e.g. node-local disk), skipping shards already there
     /// with the right hash, verifying each copy.

@@ -1,8 +1,8 @@
-//! Class-per-folder image trees (torchvision's `ImageFolder`) and the data error type.
+//! Class-per-folder image trees (torchvision's `ImageFolder`).
 //!
 //! This module owns discovering `root/<class>/**/*.{jpg,jpeg,png}`, the class-name → label
-//! mapping, decoding one sample to RGB8, and [`DataError`], which the transform and loader
-//! modules reuse. Class and sample order follow torchvision exactly, so a label index here
+//! mapping and decoding one sample to RGB8; its errors are [`DataError`], which `dataset.rs`
+//! owns for every data source. Class and sample order follow torchvision exactly, so a label index here
 //! means the same class as in a PyTorch model trained on the same tree.
 
 use std::borrow::Cow;
