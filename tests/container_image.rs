@@ -21,9 +21,9 @@
 //! - the MPICH variant (`--mpi mpich`, the bind model) builds, trains 2 ranks under Hydra, and
 //!   loads the MPI library bound over it through LD_LIBRARY_PATH.
 //!
-//! Docker is required when RTRAIN_REQUIRE_DOCKER=1 (scripts/test sets it, with
-//! RTRAIN_CUDA_BINARY and RTRAIN_MPICH_BINARY); elsewhere these tests say why they did not run,
-//! and without RTRAIN_CUDA_BINARY the image holds this test build (CPU) instead.
+//! The Docker tier (`--features test-docker`): it needs a Docker engine and the CUDA and MPICH
+//! builds that scripts/test makes (RTRAIN_CUDA_BINARY, RTRAIN_MPICH_BINARY), and fails,
+//! saying which, without them.
 
 mod common;
 
@@ -36,35 +36,24 @@ const MPICH_TAG: &str = "rtrain:test-mpich";
 const UID1000_TAG: &str = "rtrain:test-uid1000";
 const SMOKE: &str = "/opt/rtrain/configs/smoke.toml";
 
-fn docker_usable() -> bool {
+/// This tier needs a Docker engine: without one its tests fail, saying so.
+fn require_docker() {
     let ok = Command::new("docker").arg("info").output().map(|o| o.status.success()).unwrap_or(false);
-    if !ok {
-        assert!(!required(), "RTRAIN_REQUIRE_DOCKER=1 but the Docker daemon does not answer (docker info)");
-        eprintln!("skipped: no Docker daemon (docker info failed)");
-    }
-    ok
+    assert!(ok, "the Docker tier (--features test-docker) needs a Docker engine: `docker info` failed");
 }
 
-fn required() -> bool {
-    std::env::var("RTRAIN_REQUIRE_DOCKER").as_deref() == Ok("1")
-}
-
-/// A binary named by `variable`: required under RTRAIN_REQUIRE_DOCKER=1.
-fn binary_from(variable: &str) -> Option<PathBuf> {
+/// A binary named by `variable`, which this tier requires (scripts/test builds and sets it).
+fn binary_from(variable: &str) -> PathBuf {
     let path = std::env::var_os(variable).map(PathBuf::from);
-    match &path {
-        Some(path) => assert!(path.is_file(), "{variable}={} is not a file", path.display()),
-        None => {
-            assert!(!required(), "RTRAIN_REQUIRE_DOCKER=1 needs {variable} (scripts/test builds it)");
-            eprintln!("{variable} is not set (scripts/test sets it)");
-        }
-    }
+    let path =
+        path.unwrap_or_else(|| panic!("the Docker tier needs {variable} (scripts/test builds and sets it)"));
+    assert!(path.is_file(), "{variable}={} is not a file", path.display());
     path
 }
 
-/// The CUDA build the image users get holds; None: this test build (CPU) stands in.
-fn cuda_binary() -> Option<PathBuf> {
-    static BINARY: OnceLock<Option<PathBuf>> = OnceLock::new();
+/// The CUDA build the image users get holds.
+fn cuda_binary() -> PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| binary_from("RTRAIN_CUDA_BINARY")).clone()
 }
 
@@ -85,10 +74,7 @@ fn build(tag: &str, args: &[&str]) {
 
 /// The arguments that bundle the image's binary: the CUDA build with every wheel library.
 fn image_binary_args() -> Vec<String> {
-    match cuda_binary() {
-        Some(binary) => vec!["--binary".into(), binary.display().to_string(), "--all-libs".into()],
-        None => vec!["--binary".into(), env!("CARGO_BIN_EXE_rtrain").into()],
-    }
+    vec!["--binary".into(), cuda_binary().display().to_string(), "--all-libs".into()]
 }
 
 /// The image users get, built once for all tests in this file.
@@ -126,9 +112,7 @@ fn fixes(report: &serde_json::Value) -> Vec<String> {
 
 #[test]
 fn doctor_in_the_image_reports_the_cuda_build_and_exits_non_zero_on_a_problem() {
-    if !docker_usable() {
-        return;
-    }
+    require_docker();
     let (status, plain) = doctor_json(&[]);
     let environment = &plain["environment"];
     assert_eq!(environment["runtime"], "docker");
@@ -136,15 +120,13 @@ fn doctor_in_the_image_reports_the_cuda_build_and_exits_non_zero_on_a_problem() 
     assert_eq!(environment["gpu_devices"].as_array().unwrap().len(), 0);
     assert_eq!(environment["mpi"]["built_in"], true);
     let cuda = &environment["cuda"];
-    assert_eq!(cuda["built"], cuda_binary().is_some(), "{cuda:#}");
-    if cuda_binary().is_some() {
-        // The wheels' libraries, found in the image without LD_LIBRARY_PATH: CUDA 13.0's
-        // runtime, cuDNN 9 and NCCL 2 (opened by dlopen); no GPU, so CUDA is not available.
-        assert_eq!(cuda["runtime"], "13.0", "{cuda:#}");
-        assert!(cuda["cudnn"].as_str().is_some_and(|v| v.starts_with("9.")), "{cuda:#}");
-        assert!(cuda["nccl"]["Ok"].as_str().is_some_and(|v| v.starts_with("NCCL 2.")), "{cuda:#}");
-        assert_eq!((cuda["available"].as_bool(), cuda["devices"].as_u64()), (Some(false), Some(0)));
-    }
+    assert_eq!(cuda["built"], true, "{cuda:#}");
+    // The wheels' libraries, found in the image without LD_LIBRARY_PATH: CUDA 13.0's runtime,
+    // cuDNN 9 and NCCL 2 (opened by dlopen); no GPU, so CUDA is not available.
+    assert_eq!(cuda["runtime"], "13.0", "{cuda:#}");
+    assert!(cuda["cudnn"].as_str().is_some_and(|v| v.starts_with("9.")), "{cuda:#}");
+    assert!(cuda["nccl"]["Ok"].as_str().is_some_and(|v| v.starts_with("NCCL 2.")), "{cuda:#}");
+    assert_eq!((cuda["available"].as_bool(), cuda["devices"].as_u64()), (Some(false), Some(0)));
     // Docker's default /dev/shm is 64 MiB: the one problem, with its fix, and exit status 1.
     assert_eq!(fixes(&plain).len(), 1, "{plain:#}");
     assert!(fixes(&plain)[0].contains("--shm-size"), "{plain:#}");
@@ -177,9 +159,7 @@ fn unresolved(ldd_output: &str) -> Vec<String> {
 
 #[test]
 fn the_binary_and_every_bundled_library_find_their_libraries_without_ld_library_path() {
-    if !docker_usable() {
-        return;
-    }
+    require_docker();
     let script = "for f in /opt/rtrain/bin/rtrain /opt/rtrain/lib/*; do echo \"== $f\"; ldd \"$f\"; done";
     let output = docker(&["run", "--rm", "--entrypoint", "/bin/sh", image(), "-c", script]);
     let listing = text(&common::assert_success(output, "ldd in the image").stdout);
@@ -218,18 +198,12 @@ fn the_binary_and_every_bundled_library_find_their_libraries_without_ld_library_
     let stdout = text(&output.stdout);
     assert!(stdout.starts_with("rtrain 0.1.0"), "{stdout}");
     let report: serde_json::Value = serde_json::from_str(&stdout[stdout.find('{').unwrap()..]).unwrap();
-    assert_eq!(report["environment"]["cuda"]["built"], cuda_binary().is_some());
+    assert_eq!(report["environment"]["cuda"]["built"], true);
 }
 
 #[test]
 fn gpu_device_nodes_without_a_usable_driver_stop_training_with_the_cause() {
-    if !docker_usable() {
-        return;
-    }
-    if cuda_binary().is_none() {
-        eprintln!("skipped: a CPU build trains on the CPU by design; this needs RTRAIN_CUDA_BINARY");
-        return;
-    }
+    require_docker();
     let work = shared_dir();
     let mount = format!("{}:/work", work.path().display());
     // Two GPU device nodes (host /dev/null standing in) and no driver: what a GPU node whose
@@ -297,9 +271,7 @@ fn apptainer_runscript(args: &str) -> String {
 
 #[test]
 fn apptainer_scripts_run_in_the_image_as_apptainer_runs_them() {
-    if !docker_usable() {
-        return;
-    }
+    require_docker();
     // %post: in a container build, as root, with `/bin/sh -ex` (Apptainer's way).
     let context = tempfile::tempdir().unwrap();
     std::fs::write(context.path().join("post.sh"), section("post")).unwrap();
@@ -380,9 +352,7 @@ fn readme_docker_line() -> String {
 
 #[test]
 fn the_readmes_docker_line_trains_and_leaves_its_run_on_the_host() {
-    if !docker_usable() {
-        return;
-    }
+    require_docker();
     let line = readme_docker_line();
     assert!(line.contains("--shm-size") || line.contains("--ipc=host"), "{line}");
     assert!(line.contains("-v \"$PWD/runs:/work/runs\""), "runs must outlive the container: {line}");
@@ -448,9 +418,7 @@ fn head_revision() -> String {
 
 #[test]
 fn two_ranks_in_one_container_and_two_containers_as_nodes_train_the_same_model() {
-    if !docker_usable() {
-        return;
-    }
+    require_docker();
     static SERIAL: Mutex<()> = Mutex::new(());
     let _serial = SERIAL.lock().unwrap();
     let work = tempfile::tempdir().unwrap();
@@ -506,9 +474,7 @@ fn two_ranks_in_one_container_and_two_containers_as_nodes_train_the_same_model()
     assert_eq!(m1["software"]["rtrain_sha256"].as_str().map(str::len), Some(64), "{m1:#}");
     assert_eq!(m1["software"]["rtrain_sha256"], m2["software"]["rtrain_sha256"]);
     assert!(m1["git_revision"].as_str().unwrap().starts_with(&head_revision()), "{m1:#}");
-    if cuda_binary().is_some() {
-        assert_eq!(m1["software"]["cuda"]["runtime"], "13.0", "{m1:#}");
-    }
+    assert_eq!(m1["software"]["cuda"]["runtime"], "13.0", "{m1:#}");
     // Gradients crossed the private network: the two-node job computed exactly what the
     // one-node job did (an all-reduce over TCP sums two numbers as shared memory does).
     assert_eq!(m1["weights"]["sha256"], m2["weights"]["sha256"]);
@@ -521,9 +487,7 @@ fn two_ranks_in_one_container_and_two_containers_as_nodes_train_the_same_model()
 /// with uid 1000: the Containerfile must build on such a base and run as that uid.
 #[test]
 fn the_containerfile_builds_on_a_base_that_already_has_uid_1000() {
-    if !docker_usable() {
-        return;
-    }
+    require_docker();
     image(); // the debootstrap base, and the bundle this build reuses
     let context = tempfile::tempdir().unwrap();
     std::fs::write(
@@ -566,10 +530,8 @@ fn the_build_context_carries_git_for_the_revision() {
 /// (here the host's own MPICH, as a site binds its MVAPICH2 or Cray MPICH) is the one loaded.
 #[test]
 fn the_mpich_image_trains_two_ranks_and_loads_the_mpi_bound_over_it() {
-    if !docker_usable() {
-        return;
-    }
-    let Some(binary) = binary_from("RTRAIN_MPICH_BINARY") else { return };
+    require_docker();
+    let binary = binary_from("RTRAIN_MPICH_BINARY");
     build(MPICH_TAG, &["--binary", &binary.to_string_lossy(), "--mpi", "mpich"]);
     let work = shared_dir();
     let mount = format!("{}:/work", work.path().display());
