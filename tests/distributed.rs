@@ -56,7 +56,7 @@ fn run_ok(mut command: Command, what: &str) -> Output {
 }
 
 fn weights(run: &Path) -> std::collections::BTreeMap<String, Tensor> {
-    rtrain::util::tensor_io::read_safetensors(&run.join("model.safetensors")).unwrap().tensors
+    rtrain::util::files::read_safetensors(&run.join("model.safetensors")).unwrap().tensors
 }
 
 fn max_abs_diff(

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use rtrain::config::{OptimConfig, OptimKind, PlateauMode, ScheduleConfig, ScheduleKind, ThresholdMode};
 use rtrain::train::optim::{Optimizer, Schedule};
-use rtrain::util::tensor_io::read_safetensors;
+use rtrain::util::files::read_safetensors;
 use serde_json::Value;
 use tch::{Kind, Tensor};
 

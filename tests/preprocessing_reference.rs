@@ -13,8 +13,8 @@ use rtrain::data::decode::{decode, decode_region, decode_request, decode_whole, 
 use rtrain::data::ingest::photos::KINDS;
 use rtrain::data::ingest::synth::photo;
 use rtrain::data::loader::transform_encoded;
-use rtrain::data::transforms::{sample_rng, Augment, Crop, Geometry, Plan, Transform};
-use rtrain::util::tensor_io::read_safetensors;
+use rtrain::data::transforms::{sample_rng, Augment, Crop, DrawnTransform, Geometry, Transform};
+use rtrain::util::files::read_safetensors;
 use tch::Tensor;
 
 #[derive(serde::Deserialize)]
@@ -29,15 +29,17 @@ struct Case {
 }
 
 impl Case {
-    fn plan(&self, width: u32, height: u32) -> Plan {
+    fn plan(&self, width: u32, height: u32) -> DrawnTransform {
         match (self.resize, self.crop) {
             (Some(resize), None) => {
                 let transform = Transform::eval(self.size, resize);
-                Plan::new(width, height, &transform, &mut sample_rng(0, 0, 0))
+                DrawnTransform::new(width, height, &transform, &mut sample_rng(0, 0, 0))
             }
-            (None, Some([top, left, height, width])) => {
-                Plan::resized_crop(Crop { top, left, height, width }, self.size, self.flip.unwrap_or(false))
-            }
+            (None, Some([top, left, height, width])) => DrawnTransform::resized_crop(
+                Crop { top, left, height, width },
+                self.size,
+                self.flip.unwrap_or(false),
+            ),
             _ => panic!("case {} is neither an eval transform nor a crop", self.key),
         }
     }
@@ -278,7 +280,8 @@ fn exif_orientation_matches_pillows_exif_transpose_for_all_eight_values() {
 
         let mut plan = None;
         let region = decode_request(&bytes, true, |_, _| {
-            let drawn = Plan::resized_crop(Crop { top: 3, left: 5, height: 20, width: 14 }, 16, false);
+            let drawn =
+                DrawnTransform::resized_crop(Crop { top: 3, left: 5, height: 20, width: 14 }, 16, false);
             let rect = drawn.source().unwrap();
             plan = Some(drawn);
             Some(Request { reduction: 1, rect })

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use rtrain::model::{Arch, Model};
 use rtrain::run_dir::checkpoint::{self, CheckpointMeta, EpochTotals};
-use rtrain::util::tensor_io::{read_safetensors, write_safetensors};
+use rtrain::util::files::{read_safetensors, write_safetensors};
 use tch::{Device, Kind, Tensor};
 
 fn exported_logits_match(arch: Arch, num_classes: usize, head_hidden: &[usize]) {

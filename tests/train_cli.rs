@@ -252,8 +252,8 @@ fn frozen_backbone_keeps_pretrained_weights() {
         .assert()
         .success()
         .stderr(predicate::str::contains("re-initialised [\"fc.bias\", \"fc.weight\"]"));
-    let before = rtrain::util::tensor_io::read_safetensors(&pretrained).unwrap().tensors;
-    let after = rtrain::util::tensor_io::read_safetensors(&run.join("model.safetensors")).unwrap().tensors;
+    let before = rtrain::util::files::read_safetensors(&pretrained).unwrap().tensors;
+    let after = rtrain::util::files::read_safetensors(&run.join("model.safetensors")).unwrap().tensors;
     assert!(after["layer2.0.conv1.weight"].equal(&before["layer2.0.conv1.weight"]), "frozen weights changed");
     assert_eq!(after["fc.weight"].size(), vec![4, 512]);
 }

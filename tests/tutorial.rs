@@ -38,7 +38,7 @@ fn torch_weights(dir: &Path, kind: &str) -> String {
 }
 
 fn safetensors(path: &Path) -> BTreeMap<String, Tensor> {
-    rtrain::util::tensor_io::read_safetensors(path).unwrap().tensors
+    rtrain::util::files::read_safetensors(path).unwrap().tensors
 }
 
 fn json_file(path: &Path) -> Value {

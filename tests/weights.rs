@@ -11,7 +11,7 @@ use rtrain::model::weights::PUBLISHED;
 use tch::Tensor;
 
 fn safetensors(path: &Path) -> BTreeMap<String, Tensor> {
-    rtrain::util::tensor_io::read_safetensors(path).unwrap().tensors
+    rtrain::util::files::read_safetensors(path).unwrap().tensors
 }
 
 /// Writes torchvision's `arch` with torch.save into `dir`; returns the .pth's hub-style name.

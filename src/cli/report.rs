@@ -10,7 +10,7 @@ use super::print;
 use crate::report::{self, runs::RunData, scaling};
 use crate::run_dir::manifest;
 use crate::run_dir::RunPaths;
-use crate::util::tensor_io;
+use crate::util::files;
 
 #[derive(Debug, Args)]
 pub struct ReportArgs {
@@ -62,7 +62,7 @@ impl ReportArgs {
             false => print!("{}", scaling::table(&rows)),
         }
         if let Some(plot) = &self.plot {
-            tensor_io::write_atomic(plot, scaling::svg(&rows).as_bytes())?;
+            files::write_atomic(plot, scaling::svg(&rows).as_bytes())?;
             eprintln!("plot: {}", plot.display());
         }
         Ok(())

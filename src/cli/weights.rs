@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 
 use super::parse_arch;
 use crate::model::{weights, Arch};
-use crate::util::tensor_io;
+use crate::util::files;
 
 #[derive(Debug, Subcommand)]
 pub enum WeightsCommand {
@@ -60,7 +60,7 @@ impl ConvertArgs {
     fn run(self) -> Result<()> {
         let tensors = weights::read_state_dict(&self.input)?;
         let named: Vec<(String, tch::Tensor)> = tensors.into_iter().collect();
-        tensor_io::write_safetensors(&self.output, &named, None)?;
+        files::write_safetensors(&self.output, &named, None)?;
         println!("{}: {} tensors from {}", self.output.display(), named.len(), self.input.display());
         Ok(())
     }

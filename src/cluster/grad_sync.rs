@@ -98,13 +98,13 @@ impl Reducer {
 }
 
 /// A bucket to reduce: its index (for the reply) and its flat buffer.
-struct Job {
+struct BucketToReduce {
     bucket: usize,
     flat: Tensor,
 }
 
 /// What the hooks need, behind one lock: hooks run on the thread that runs backward.
-struct Plan {
+struct HookState {
     /// Bucket of each parameter.
     bucket_of: Vec<usize>,
     /// Parameters per bucket.
@@ -119,7 +119,7 @@ struct Plan {
     /// Parameters in the order their gradients became ready, recorded until the layout settles.
     ready_order: Option<Vec<usize>>,
     twice: Option<usize>,
-    jobs: Option<Sender<Job>>,
+    jobs: Option<Sender<BucketToReduce>>,
     /// Send buckets during backward as they fill (else all at `finish`: no overlap).
     overlap: bool,
     /// With NCCL: marks each bucket's gradients ready on the compute stream as it launches.
@@ -141,7 +141,7 @@ pub struct SyncOptions {
     pub wire: Option<Wire>,
 }
 
-impl Plan {
+impl HookState {
     fn mark_ready(&mut self, index: usize) {
         if self.ready[index] {
             self.twice.get_or_insert(index);
@@ -169,7 +169,7 @@ impl Plan {
         }
         if let Some(jobs) = &self.jobs {
             // A closed channel means the thread is gone; `finish` reports it.
-            let _ = jobs.send(Job { bucket, flat: self.flats[bucket].shallow_clone() });
+            let _ = jobs.send(BucketToReduce { bucket, flat: self.flats[bucket].shallow_clone() });
         }
     }
 
@@ -198,7 +198,7 @@ pub struct GradSync {
     bucket_bytes: usize,
     comm: Arc<dyn Communicator>,
     /// Boxed: the hooks hold its address.
-    plan: Box<Mutex<Plan>>,
+    plan: Box<Mutex<HookState>>,
     hooks: Vec<HookHandle>,
     done: Receiver<usize>,
     worker: Option<JoinHandle<()>>,
@@ -228,14 +228,14 @@ impl GradSync {
             Reducer::Nccl(nccl) => Some(Arc::clone(nccl)),
             Reducer::Mpi => None,
         };
-        let (jobs, job_queue) = mpsc::channel::<Job>();
+        let (jobs, job_queue) = mpsc::channel::<BucketToReduce>();
         let (done_sender, done) = mpsc::channel();
         let worker_comm = comm.clone();
         let worker = std::thread::Builder::new()
             .name("rtrain-allreduce".to_string())
             .spawn(move || communicate(worker_comm.as_ref(), &reducer, job_queue, done_sender, (poll, wire)))
             .map_err(|_| GradSyncError::ThreadGone)?;
-        let plan = Plan {
+        let plan = HookState {
             bucket_of: vec![0; params.len()],
             sizes: Vec::new(),
             pending: Vec::new(),
@@ -263,7 +263,7 @@ impl GradSync {
         };
         let initial: Vec<usize> = (0..sync.params.len()).rev().collect();
         sync.install(&initial)?;
-        let context = std::ptr::from_ref::<Mutex<Plan>>(&sync.plan).cast_mut().cast::<c_void>();
+        let context = std::ptr::from_ref::<Mutex<HookState>>(&sync.plan).cast_mut().cast::<c_void>();
         for (index, param) in sync.params.iter().enumerate() {
             let mut handle = std::ptr::null_mut();
             // SAFETY: `param` is a live leaf tensor; `context` points into the boxed plan, which
@@ -409,7 +409,7 @@ impl GradSync {
         Ok(())
     }
 
-    fn lock(&self) -> MutexGuard<'_, Plan> {
+    fn lock(&self) -> MutexGuard<'_, HookState> {
         self.plan.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
@@ -429,7 +429,7 @@ impl Drop for GradSync {
 /// Called by libtorch after a parameter's gradient has been accumulated.
 extern "C" fn grad_ready(context: *mut c_void, index: usize) {
     // SAFETY: `context` is the boxed plan registered with the hook, alive while hooks exist.
-    let plan = unsafe { &*context.cast::<Mutex<Plan>>() };
+    let plan = unsafe { &*context.cast::<Mutex<HookState>>() };
     let mut plan = plan.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if index < plan.ready.len() {
         plan.mark_ready(index);
@@ -442,7 +442,7 @@ extern "C" fn grad_ready(context: *mut c_void, index: usize) {
 fn communicate(
     comm: &dyn Communicator,
     reducer: &Reducer,
-    jobs: Receiver<Job>,
+    jobs: Receiver<BucketToReduce>,
     done: Sender<usize>,
     (poll, wire): (std::time::Duration, Option<Wire>),
 ) {

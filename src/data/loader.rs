@@ -20,7 +20,7 @@ use rand_chacha::ChaCha8Rng;
 use super::dataset::DataError;
 use super::dataset::Dataset;
 use super::decode::{decode_request, decode_whole, DecodeError, Request};
-use super::transforms::{self, sample_rng, Plan, Transform};
+use super::transforms::{self, sample_rng, DrawnTransform, Transform};
 
 /// One batch of transformed images.
 #[derive(Debug)]
@@ -195,7 +195,7 @@ pub fn transform_encoded(
     }
     let mut plan = None;
     let region = decode_request(bytes, transform.exif_orientation, |width, height| {
-        let drawn = Plan::new(width, height, transform, rng);
+        let drawn = DrawnTransform::new(width, height, transform, rng);
         let reduction = if transform.jpeg_draft { drawn.max_reduction() } else { 1 };
         let request = drawn.reduced(reduction).source().map(|rect| Request { reduction, rect });
         plan = Some(drawn);

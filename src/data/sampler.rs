@@ -6,13 +6,12 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use crate::util::seeds::{mix64, GOLDEN_GAMMA};
+
 /// Mixes the run seed and the epoch into one generator seed (splitmix64's finaliser), so that
 /// neighbouring epochs get unrelated permutations.
 fn epoch_seed(seed: u64, epoch: u64) -> u64 {
-    let mut z = seed ^ epoch.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    mix64(seed ^ epoch.wrapping_add(1).wrapping_mul(GOLDEN_GAMMA))
 }
 
 /// A permutation of `0..len` for this epoch.

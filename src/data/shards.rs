@@ -486,7 +486,7 @@ pub fn stage(src: &Path, dest: &Path) -> Result<StageReport, ShardError> {
         report.bytes_copied += bytes;
     }
     let text = serde_json::to_vec_pretty(&manifest).expect("the manifest serialises");
-    crate::util::tensor_io::write_atomic(&dest.join(MANIFEST), &text)
+    crate::util::files::write_atomic(&dest.join(MANIFEST), &text)
         .map_err(|e| ShardError::Io { path: dest.join(MANIFEST), source: io::Error::other(e.to_string()) })?;
     Ok(report)
 }

@@ -17,6 +17,7 @@ use rand_chacha::ChaCha8Rng;
 use image::RgbImage;
 
 use crate::data::autoaugment::Policy;
+use crate::util::seeds::splitmix64;
 
 /// Per-channel mean of ImageNet in `[0, 1]` RGB, as used by torchvision's reference models.
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
@@ -181,13 +182,6 @@ pub fn sample_rng(seed: u64, epoch: u64, index: usize) -> ChaCha8Rng {
 }
 
 /// One step of splitmix64 (Steele, Lea & Flood): a bijective, well-avalanched 64-bit mix.
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// Python's `round` (half to even), which torchvision's integer geometry relies on.
 fn py_round(x: f64) -> f64 {
     x.round_ties_even()
@@ -265,7 +259,7 @@ pub fn apply_owned(image: RgbImage, transform: &Transform, rng: &mut ChaCha8Rng,
 /// The geometry, `ToTensor` and `Normalize` of [`apply`], after the policy.
 fn render_whole(image: &RgbImage, transform: &Transform, rng: &mut ChaCha8Rng, out: &mut [f32]) {
     let (width, height) = image.dimensions();
-    let plan = Plan::new(width, height, transform, rng);
+    let plan = DrawnTransform::new(width, height, transform, rng);
     plan.render(image.as_raw(), Crop { top: 0, left: 0, height, width }, out);
 }
 
@@ -274,8 +268,8 @@ fn render_whole(image: &RgbImage, transform: &Transform, rng: &mut ChaCha8Rng, o
 ///
 /// Drawing a plan consumes the sample's random numbers (crop, then flip, as torchvision draws
 /// them), and needs only the image's size, so the loader draws it after reading a JPEG's
-/// header and then decodes only [`Plan::source`].
-pub struct Plan {
+/// header and then decodes only [`DrawnTransform::source`].
+pub struct DrawnTransform {
     size: usize,
     /// Columns, rows and whether to flip; `None` when the output is all black (an empty image).
     resample: Option<(Axis, Axis, bool)>,
@@ -297,7 +291,7 @@ impl Segment {
     }
 }
 
-impl Plan {
+impl DrawnTransform {
     /// The plan for an image of `width` x `height` pixels.
     pub fn new(width: u32, height: u32, transform: &Transform, rng: &mut ChaCha8Rng) -> Self {
         let size = transform.size();
@@ -374,7 +368,7 @@ impl Plan {
     }
 
     /// Writes the normalised CHW output into `out` from `pixels`: packed RGB rows of the
-    /// source rectangle `region`, which must contain [`Plan::source`].
+    /// source rectangle `region`, which must contain [`DrawnTransform::source`].
     ///
     /// # Panics
     /// If `out` is not `3 * size * size` long, or `pixels` does not hold `region` — caller
@@ -1035,7 +1029,7 @@ mod tests {
     fn a_reduced_plan_reads_the_same_part_of_the_picture() {
         // A 64x48 crop at (32, 16) of a 200x120 image, to 8x8: at 1/4 scale it reads the
         // reduced image's pixels 8..24 across and 4..16 down (plus the filter's reach).
-        let plan = Plan::resized_crop(Crop { top: 16, left: 32, height: 48, width: 64 }, 8, false);
+        let plan = DrawnTransform::resized_crop(Crop { top: 16, left: 32, height: 48, width: 64 }, 8, false);
         assert_eq!(plan.max_reduction(), 4, "64/8 and 48/8 are at least 4 but below 8 for the rows");
         let reduced = plan.reduced(4);
         assert_eq!(reduced.source(), Some(Crop { top: 4, left: 8, height: 12, width: 16 }));

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::batchnorm::{SumOverRanks, SyncGroup};
 use crate::model::resnet::ResNet;
-use crate::util::tensor_io::{self, TensorIoError};
+use crate::util::files::{self, FileError};
 use tch::nn::{ModuleT, VarStore};
 use tch::{Device, Kind, Tensor};
 
@@ -62,7 +62,7 @@ impl std::fmt::Display for Arch {
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error(transparent)]
-    File(#[from] TensorIoError),
+    File(#[from] FileError),
     #[error("{path}: {source}")]
     Read { path: PathBuf, source: tch::TchError },
     #[error("{path}: not a {arch} state dict: {problems}")]
@@ -305,8 +305,8 @@ impl Model {
         path: &Path,
         steps: u64,
         metadata: Option<HashMap<String, String>>,
-    ) -> Result<(), TensorIoError> {
-        tensor_io::write_safetensors(path, &self.torchvision_state_dict(steps), metadata).map(drop)
+    ) -> Result<(), FileError> {
+        files::write_safetensors(path, &self.torchvision_state_dict(steps), metadata).map(drop)
     }
 }
 

@@ -16,13 +16,12 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use tch::Tensor;
 
 use crate::data::ingest::fetch::{self, FetchError, FetchOptions};
 use crate::model::Arch;
+use crate::util::files::{self, FileError};
 use crate::util::shim::{check, ffi, ShimError};
-use crate::util::tensor_io::{self, TensorIoError};
 
 /// Where torchvision publishes its weights; `model.weights_url` replaces it (a mirror, or a
 /// test's loopback server).
@@ -134,7 +133,7 @@ pub enum WeightsError {
     #[error("{}: not a state dict: neither safetensors nor a torch.save zip archive ({problem})", path.display())]
     Format { path: PathBuf, problem: String },
     #[error(transparent)]
-    Safetensors(#[from] TensorIoError),
+    Safetensors(#[from] FileError),
     #[error("{}: cannot {action}: {source}", path.display())]
     Io { path: PathBuf, action: &'static str, source: std::io::Error },
 }
@@ -196,7 +195,7 @@ pub fn read_state_dict(path: &Path) -> Result<BTreeMap<String, Tensor>, WeightsE
     if magic == *b"PK\x03\x04" {
         read_pth(path)
     } else {
-        Ok(tensor_io::read_safetensors(path)?.tensors.into_iter().collect())
+        Ok(files::read_safetensors(path)?.tensors.into_iter().collect())
     }
 }
 
@@ -223,22 +222,6 @@ extern "C" fn collect(context: *mut c_void, name: *const c_char, tensor: *mut to
         let name = CStr::from_ptr(name).to_string_lossy().into_owned();
         tensors.insert(name, Tensor::from_ptr(tensor));
     }
-}
-
-/// sha256 of a whole file, streamed.
-pub fn file_sha256(path: &Path) -> Result<String, WeightsError> {
-    let mut file = std::fs::File::open(path).map_err(|source| WeightsError::Io {
-        path: path.to_path_buf(),
-        action: "open",
-        source,
-    })?;
-    let mut hasher = Sha256::new();
-    std::io::copy(&mut file, &mut hasher).map_err(|source| WeightsError::Io {
-        path: path.to_path_buf(),
-        action: "read",
-        source,
-    })?;
-    Ok(hex::encode(hasher.finalize()))
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use super::plot::{self, PlotError, Series};
 use crate::run_dir::manifest::Manifest;
 use crate::run_dir::records::{self, EpochRecord, EvalReport, MetricsRecord, RecordError, StepRecord};
 use crate::run_dir::RunPaths;
-use crate::util::tensor_io::{self, TensorIoError};
+use crate::util::files::{self, FileError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunReportError {
@@ -23,7 +23,7 @@ pub enum RunReportError {
     #[error(transparent)]
     Plot(#[from] PlotError),
     #[error(transparent)]
-    Write(#[from] TensorIoError),
+    Write(#[from] FileError),
 }
 
 /// What the report knows about one run.
@@ -109,10 +109,10 @@ pub fn write(runs: &[RunData], out: &Path) -> Result<PathBuf, RunReportError> {
             )?;
         }
     }
-    tensor_io::write_atomic(&out.join("epochs.csv"), epochs_csv(runs).as_bytes())?;
-    tensor_io::write_atomic(&out.join("steps.csv"), steps_csv(runs).as_bytes())?;
+    files::write_atomic(&out.join("epochs.csv"), epochs_csv(runs).as_bytes())?;
+    files::write_atomic(&out.join("steps.csv"), steps_csv(runs).as_bytes())?;
     let report = out.join("report.md");
-    tensor_io::write_atomic(&report, markdown(runs).as_bytes())?;
+    files::write_atomic(&report, markdown(runs).as_bytes())?;
     Ok(report)
 }
 

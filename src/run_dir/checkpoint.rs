@@ -4,10 +4,10 @@
 //!
 //! The final weights (`model.safetensors`) are a torchvision state dict whose header carries
 //! [`WeightsMeta`] (architecture, classes, image size), so `eval`, `predict` and `export` take
-//! either file. Every load checks the tensors' digest (`tensor_io`) and refuses non-finite
+//! either file. Every load checks the tensors' digest (`files`) and refuses non-finite
 //! values, naming the file; a file rtrain cannot use gets an error naming one it can.
 //!
-//! Written atomically (see `tensor_io`). Where checkpoints live and what they are called is
+//! Written atomically (see `files`). Where checkpoints live and what they are called is
 //! the run directory's ([`crate::run_dir::RunPaths`]); when to take and delete them is the
 //! checkpoint policy's (`train::policy`). Randomness needs no saved generator state: the sampler and the
 //! augmentation derive every draw from (seed, epoch, sample), so (seed, epoch, step) is the
@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
 use crate::model::{Arch, Model, ModelError};
-use crate::util::tensor_io::{self, TensorIoError};
+use crate::util::files::{self, FileError};
 
 const METADATA_KEY: &str = "rtrain.checkpoint";
 const WEIGHTS_METADATA_KEY: &str = "rtrain.weights";
@@ -29,7 +29,7 @@ const OPTIM_PREFIX: &str = "optim.";
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     #[error(transparent)]
-    File(#[from] TensorIoError),
+    File(#[from] FileError),
     #[error("{}: not an rtrain checkpoint or weights file (no {METADATA_KEY} or {WEIGHTS_METADATA_KEY} metadata: a bare state dict, e.g. torchvision's); use {instead}, or train from it with model.pretrained", path.display())]
     NotACheckpoint { path: PathBuf, instead: String },
     #[error("{}: final weights, not a checkpoint (no optimizer state or training position) so training cannot resume from it; resume from {instead}", path.display())]
@@ -176,16 +176,13 @@ pub fn save(
         .map_err(|source| CheckpointError::Metadata { path: path.to_path_buf(), source })?;
     let mut tensors = model;
     tensors.extend(optimizer.into_iter().map(|(name, t)| (format!("{OPTIM_PREFIX}{name}"), t)));
-    let sha256 = tensor_io::write_safetensors(
-        path,
-        &tensors,
-        Some(HashMap::from([(METADATA_KEY.to_string(), json)])),
-    )?;
+    let sha256 =
+        files::write_safetensors(path, &tensors, Some(HashMap::from([(METADATA_KEY.to_string(), json)])))?;
     Ok(sha256)
 }
 
 pub fn read_meta(path: &Path) -> Result<CheckpointMeta, CheckpointError> {
-    parse_meta(path, &tensor_io::read_metadata(path)?)
+    parse_meta(path, &files::read_metadata(path)?)
 }
 
 fn parse_meta(path: &Path, metadata: &HashMap<String, String>) -> Result<CheckpointMeta, CheckpointError> {
@@ -235,7 +232,7 @@ fn check_finite<'a>(
     path: &Path,
     tensors: impl IntoIterator<Item = (&'a String, &'a Tensor)>,
 ) -> Result<(), CheckpointError> {
-    match tensor_io::first_non_finite(tensors) {
+    match files::first_non_finite(tensors) {
         Some(name) => Err(CheckpointError::NonFinite { path: path.to_path_buf(), name: name.clone() }),
         None => Ok(()),
     }
@@ -244,7 +241,7 @@ fn check_finite<'a>(
 /// Reads a checkpoint in full, refusing one that fails its digest, holds non-finite values, or
 /// was made for another architecture or class count.
 pub fn load(path: &Path, expect: Option<(Arch, usize)>) -> Result<Checkpoint, CheckpointError> {
-    let file = tensor_io::read_safetensors(path)?;
+    let file = files::read_safetensors(path)?;
     let meta = parse_meta(path, &file.metadata)?;
     check_finite(path, &file.tensors)?;
     if let Some((arch, num_classes)) = expect {
@@ -269,7 +266,7 @@ pub fn load(path: &Path, expect: Option<(Arch, usize)>) -> Result<Checkpoint, Ch
 
 /// A model on the CPU restored from a checkpoint or a final weights file, with what it is.
 pub fn load_model(path: &Path) -> Result<(Model, WeightsMeta), CheckpointError> {
-    let file = tensor_io::read_safetensors(path)?;
+    let file = files::read_safetensors(path)?;
     let info = match file.metadata.get(WEIGHTS_METADATA_KEY) {
         Some(json) => serde_json::from_str::<WeightsMeta>(json)
             .map_err(|source| CheckpointError::Metadata { path: path.to_path_buf(), source })?,

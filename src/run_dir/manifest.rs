@@ -20,7 +20,7 @@ use crate::cluster::runtime::{self, Probe};
 use crate::config::Config;
 use crate::data::dataset::Dataset;
 use crate::model::weights::StartingWeights;
-use crate::util::tensor_io::{self, TensorIoError};
+use crate::util::files::{self, FileError};
 
 /// The libtorch release tch 0.26 is built against (scripts/setup installs exactly this).
 pub const LIBTORCH_VERSION: &str = "2.13.0";
@@ -31,7 +31,7 @@ pub const GIT_REVISION: &str = env!("RTRAIN_GIT_REVISION");
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     #[error(transparent)]
-    File(#[from] TensorIoError),
+    File(#[from] FileError),
     #[error("{path}: {problem}")]
     Parse { path: PathBuf, problem: String },
     #[error("{}: sha256 {found}, but it was recorded as {recorded} when the data were prepared: the file changed since (run rtrain data verify; prepare or stage the data again)", file.display())]
@@ -48,7 +48,7 @@ pub struct Manifest {
     pub deterministic: bool,
     pub software: Software,
     pub container: Container,
-    pub job: Job,
+    pub job: JobRecord,
     pub data: Vec<DataSplit>,
     /// The weights training started from (`model.weights` or `model.pretrained`): which,
     /// from where, and the file's sha256. None: a fresh initialisation.
@@ -109,7 +109,7 @@ impl Software {
             cudnn_available: tch::Cuda::cudnn_is_available(),
             mpi,
             cuda: CudaRecord::from(&CudaStack::probe(&Probe::process())),
-            rtrain_sha256: tensor_io::sha256_file(Path::new("/proc/self/exe")).ok(),
+            rtrain_sha256: files::sha256_file(Path::new("/proc/self/exe")).ok(),
         }
     }
 }
@@ -176,7 +176,7 @@ impl Container {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Job {
+pub struct JobRecord {
     pub launcher: String,
     pub world_size: usize,
     pub nodes: usize,
@@ -208,7 +208,7 @@ impl DataSplit {
         let mut all = Sha256::new();
         for path in data.files() {
             let relative = portable_path(path.strip_prefix(data.root()).unwrap_or(&path));
-            let digest = tensor_io::sha256_file(&path)?;
+            let digest = files::sha256_file(&path)?;
             if let Some(recorded) = data.recorded_sha256(&path).filter(|&recorded| recorded != digest) {
                 let recorded = recorded.to_string();
                 return Err(ManifestError::DataChanged { file: path, found: digest, recorded });
@@ -305,15 +305,14 @@ impl Manifest {
         let path = run.manifest();
         let json = serde_json::to_string_pretty(self)
             .map_err(|e| ManifestError::Parse { path: path.clone(), problem: e.to_string() })?;
-        tensor_io::write_atomic(&path, json.as_bytes())?;
+        files::write_atomic(&path, json.as_bytes())?;
         Ok(())
     }
 
     /// Reads the manifest of the run directory `run_dir`.
     pub fn read(run_dir: &Path) -> Result<Manifest, ManifestError> {
         let path = RunPaths::new(run_dir).manifest();
-        let bytes =
-            std::fs::read(&path).map_err(|source| TensorIoError::Io { path: path.clone(), source })?;
+        let bytes = std::fs::read(&path).map_err(|source| FileError::Io { path: path.clone(), source })?;
         serde_json::from_slice(&bytes).map_err(|e| ManifestError::Parse { path, problem: e.to_string() })
     }
 
@@ -340,7 +339,7 @@ pub enum Finding {
 /// one finding per file group or file at fault.
 pub fn verify(run_dir: &Path) -> Result<Vec<Finding>, ManifestError> {
     let manifest = Manifest::read(run_dir)?;
-    let check = |path: PathBuf, expected: &str, what: &str| match tensor_io::sha256_file(&path) {
+    let check = |path: PathBuf, expected: &str, what: &str| match files::sha256_file(&path) {
         Ok(found) if found == expected => Finding::Ok(format!("{what} {}", path.display())),
         Ok(found) => {
             Finding::Mismatch(format!("{what} {}: sha256 {found}, manifest says {expected}", path.display()))

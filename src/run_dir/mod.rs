@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use tch::Tensor;
 
 use crate::config::Config;
-use crate::util::tensor_io::{self, TensorIoError};
+use crate::util::files::{self, FileError};
 use checkpoint::{CheckpointError, CheckpointMeta, WeightsMeta};
 use manifest::{EpochSummary, FileHash, Manifest, ManifestError};
 use records::{EpochRecord, MetricsLog, MetricsRecord, RecordError, StepRecord, Summary};
@@ -50,7 +50,7 @@ const LOCK_FILE: &str = ".rtrain.lock";
 #[derive(Debug, thiserror::Error)]
 pub enum RunDirError {
     #[error(transparent)]
-    File(#[from] TensorIoError),
+    File(#[from] FileError),
     #[error(transparent)]
     Records(#[from] RecordError),
     #[error(transparent)]
@@ -230,7 +230,7 @@ impl RunDir {
         let checkpoints = self.paths.checkpoints();
         std::fs::create_dir_all(&checkpoints)
             .map_err(|source| RunDirError::Io { path: checkpoints, source })?;
-        tensor_io::write_atomic(&self.paths.config(), config.to_toml()?.as_bytes())?;
+        files::write_atomic(&self.paths.config(), config.to_toml()?.as_bytes())?;
         writer.metrics = Some(MetricsLog::open(&self.paths.metrics(), resume_point)?);
         Ok(())
     }
@@ -279,7 +279,7 @@ impl RunDir {
         let present = self.paths.step_checkpoints()?.into_iter().map(|(_, file)| file).chain(best);
         for file in present {
             let relative = self.paths.relative(&file);
-            let sha256 = tensor_io::sha256_file(&file)?;
+            let sha256 = files::sha256_file(&file)?;
             match recorded.get(&relative) {
                 // As recorded when it was written: nothing to check again.
                 Some(known) if *known == sha256 => manifest.record_checkpoint(&self.paths, &file, sha256),
@@ -372,7 +372,7 @@ impl RunDir {
         let best = self.paths.best_checkpoint();
         let bytes = std::fs::read(checkpoint)
             .map_err(|source| RunDirError::Io { path: checkpoint.to_path_buf(), source })?;
-        let sha256 = tensor_io::write_atomic(&best, &bytes)?;
+        let sha256 = files::write_atomic(&best, &bytes)?;
         if let Some(manifest) = &mut writer.manifest {
             manifest.record_checkpoint(&self.paths, &best, sha256);
         }
@@ -390,7 +390,7 @@ impl RunDir {
     ) -> Result<Summary, RunDirError> {
         let Some(writer) = &mut self.writer else { return Ok(summary) };
         let path = self.paths.weights();
-        let sha256 = tensor_io::write_safetensors(&path, weights, Some(meta.to_metadata()))?;
+        let sha256 = files::write_safetensors(&path, weights, Some(meta.to_metadata()))?;
         let summary = Summary { weights_sha256: sha256, weights: path.clone(), ..summary };
         if let Some(manifest) = &mut writer.manifest {
             manifest.weights =

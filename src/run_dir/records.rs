@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::util::tensor_io;
+use crate::util::files;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
@@ -140,7 +140,7 @@ impl Summary {
     pub fn write(&self, path: &Path) -> Result<(), RecordError> {
         let json = serde_json::to_string_pretty(self)
             .map_err(|e| RecordError::Io { path: path.to_path_buf(), source: e.into() })?;
-        tensor_io::write_atomic(path, json.as_bytes()).map_err(|e| RecordError::Io {
+        files::write_atomic(path, json.as_bytes()).map_err(|e| RecordError::Io {
             path: path.to_path_buf(),
             source: std::io::Error::other(e.to_string()),
         })?;
@@ -163,7 +163,7 @@ impl MetricsLog {
         if let Some((global_step, epoch)) = resume_point {
             if path.exists() {
                 let kept = records_up_to(path, global_step, epoch).map_err(err)?;
-                tensor_io::write_atomic(path, kept.as_bytes())
+                files::write_atomic(path, kept.as_bytes())
                     .map_err(|e| err(std::io::Error::other(e.to_string())))?;
             }
         }

@@ -39,7 +39,7 @@ use crate::run_dir::checkpoint::{CheckpointError, EpochTotals};
 use crate::run_dir::manifest::{self, DataSplit, Manifest};
 use crate::run_dir::records::Summary;
 use crate::run_dir::{RunDir, RunDirError, RunPaths};
-use crate::util::tensor_io::TensorIoError;
+use crate::util::files::{self, FileError};
 use step::{GradientSync, StepError};
 use trainer::{Position, Trainer};
 
@@ -64,7 +64,7 @@ pub enum TrainError {
     #[error(transparent)]
     RunDir(#[from] RunDirError),
     #[error(transparent)]
-    File(#[from] TensorIoError),
+    File(#[from] FileError),
     #[error(transparent)]
     Plan(#[from] PlanError),
     #[error(transparent)]
@@ -256,7 +256,7 @@ fn build_model(plan: &RunPlan, data: &Splits) -> Result<(Model, Option<StartingW
 /// without internet or without the cache need nothing but rank 0's node.
 fn starting_weights(plan: &RunPlan) -> Result<Option<StartingWeights>, TrainError> {
     let m = &plan.config.model;
-    let hash = |path: &Path| weights::file_sha256(path).map_err(ModelError::from);
+    let hash = |path: &Path| files::sha256_file(path);
     if let Some(path) = &m.pretrained {
         let sha256 = if plan.topology.is_root() { hash(path)? } else { String::new() };
         return Ok(Some(StartingWeights { name: None, url: None, path: path.clone(), sha256 }));
@@ -381,7 +381,7 @@ fn run_manifest(
         deterministic: config.run.deterministic,
         software: manifest::Software::here(comm.library_version()),
         container: manifest::Container::detect(),
-        job: manifest::Job {
+        job: manifest::JobRecord {
             launcher: topology.launcher.clone(),
             world_size: topology.world_size,
             nodes: topology.nodes,

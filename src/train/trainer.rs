@@ -20,7 +20,7 @@ use crate::plan::RunPlan;
 use crate::run_dir::checkpoint::{self, CheckpointError, CheckpointMeta, EpochTotals, WeightsMeta};
 use crate::run_dir::records::{EpochRecord, Summary};
 use crate::run_dir::RunDir;
-use crate::util::tensor_io;
+use crate::util::files;
 
 /// Where training stands: the epoch in progress, how many of its steps are done, and the
 /// training sums of those steps.
@@ -375,7 +375,7 @@ pub fn check_finite<'t>(
     when: &str,
     tensors: impl IntoIterator<Item = &'t (String, Tensor)>,
 ) -> Result<(), TrainError> {
-    match tensor_io::first_non_finite(tensors.into_iter().map(|(name, tensor)| (name, tensor))) {
+    match files::first_non_finite(tensors.into_iter().map(|(name, tensor)| (name, tensor))) {
         Some(name) => Err(TrainError::NotFinite { when: when.to_string(), what: name.clone() }),
         None => Ok(()),
     }

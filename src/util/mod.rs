@@ -1,7 +1,8 @@
 //! Small shared pieces with no training knowledge: atomic files and safetensors, memory
 //! readings, logging set-up.
 
+pub mod files;
 pub mod logging;
 pub mod memory;
+pub mod seeds;
 pub mod shim;
-pub mod tensor_io;

@@ -20,6 +20,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use image::codecs::jpeg::JpegEncoder;
+
+use crate::util::seeds::splitmix64;
 use image::RgbImage;
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -180,7 +182,7 @@ pub fn generate(out: &Path, options: &SynthOptions) -> Result<SynthSummary, Synt
                 action: "create directory",
                 source,
             })?;
-            jobs.extend((0..count).map(|index| Job { split, class, index }));
+            jobs.extend((0..count).map(|index| ImageToWrite { split, class, index }));
         }
         match split {
             Split::Train => summary.train_images = counts.iter().sum(),
@@ -346,7 +348,7 @@ impl Split {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Job {
+struct ImageToWrite {
     split: Split,
     class: usize,
     index: usize,
@@ -354,13 +356,6 @@ struct Job {
 
 /// SplitMix64 finaliser: a bijective mixer, so chained calls keep distinct inputs distinct with
 /// overwhelming probability and neighbouring indices get unrelated seeds.
-fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 fn image_seed(seed: u64, split: Split, class: usize, index: usize) -> u64 {
     let mut h = splitmix64(seed);
     h = splitmix64(h ^ split.tag());
@@ -368,7 +363,7 @@ fn image_seed(seed: u64, split: Split, class: usize, index: usize) -> u64 {
     splitmix64(h ^ index as u64)
 }
 
-fn write_one(root: &Path, options: &SynthOptions, job: &Job) -> Result<(), SynthError> {
+fn write_one(root: &Path, options: &SynthOptions, job: &ImageToWrite) -> Result<(), SynthError> {
     let mut rng = ChaCha8Rng::seed_from_u64(image_seed(options.seed, job.split, job.class, job.index));
     let class = options.class_names()[job.class];
     let path = root.join(options.split_dir(job.split)).join(class).join(format!("{:05}.jpg", job.index));
@@ -388,7 +383,7 @@ fn write_one(root: &Path, options: &SynthOptions, job: &Job) -> Result<(), Synth
 
 /// Runs `jobs` on a few threads. Each image has its own seed, so the split of work between
 /// threads cannot change any file.
-fn run_jobs(root: &Path, options: &SynthOptions, jobs: &[Job]) -> Result<(), SynthError> {
+fn run_jobs(root: &Path, options: &SynthOptions, jobs: &[ImageToWrite]) -> Result<(), SynthError> {
     let threads =
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(2, 4).min(jobs.len().max(1));
     let failed = AtomicBool::new(false);

@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use tch::{Kind, Tensor};
 
 #[derive(Debug, thiserror::Error)]
-pub enum TensorIoError {
+pub enum FileError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
     #[error("{path}: not a valid safetensors file: {source}")]
@@ -50,14 +50,14 @@ fn tensors_digest<'a>(mut tensors: Vec<(&'a str, Dtype, &'a [usize], &'a [u8])>)
 
 /// Writes `bytes` to `path` atomically (temporary file, fsync, rename, fsync directory);
 /// returns their sha256.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<String, TensorIoError> {
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<String, FileError> {
     write_atomic_parts(path, &[bytes])
 }
 
 /// Writes the concatenation of `parts` to `path` atomically, as [`write_atomic`]; returns the
 /// sha256 of what it wrote (hashed from memory, so the file need not be read back for it).
-fn write_atomic_parts(path: &Path, parts: &[&[u8]]) -> Result<String, TensorIoError> {
-    let io = |source| TensorIoError::Io { path: path.to_path_buf(), source };
+fn write_atomic_parts(path: &Path, parts: &[&[u8]]) -> Result<String, FileError> {
+    let io = |source| FileError::Io { path: path.to_path_buf(), source };
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -150,11 +150,11 @@ fn serialize(
     path: &Path,
     tensors: &[(String, Tensor)],
     metadata: Option<HashMap<String, String>>,
-) -> Result<Serialized, TensorIoError> {
+) -> Result<Serialized, FileError> {
     let mut views = Vec::with_capacity(tensors.len());
     for (name, tensor) in tensors {
         let bad =
-            |problem: String| TensorIoError::Tensor { path: path.to_path_buf(), name: name.clone(), problem };
+            |problem: String| FileError::Tensor { path: path.to_path_buf(), name: name.clone(), problem };
         let dtype =
             dtype_of(tensor.kind()).ok_or_else(|| bad(format!("unsupported kind {:?}", tensor.kind())))?;
         let cpu = tensor.detach().to_device(tch::Device::Cpu).contiguous();
@@ -171,9 +171,9 @@ fn serialize(
     metadata.insert(DIGEST_KEY.to_string(), digest);
     let refs: Vec<(&str, &CpuView)> = views.iter().map(|(n, v)| (n.as_str(), v)).collect();
     let bytes = safetensors::serialize(refs, None)
-        .map_err(|source| TensorIoError::Format { path: path.to_path_buf(), source })?;
+        .map_err(|source| FileError::Format { path: path.to_path_buf(), source })?;
     with_sorted_metadata(bytes, &metadata)
-        .map_err(|e| TensorIoError::Format { path: path.to_path_buf(), source: e.into() })
+        .map_err(|e| FileError::Format { path: path.to_path_buf(), source: e.into() })
 }
 
 /// Puts `metadata` into the header of the safetensors crate's `output`, its keys in sorted
@@ -200,7 +200,7 @@ pub fn write_safetensors(
     path: &Path,
     tensors: &[(String, Tensor)],
     metadata: Option<HashMap<String, String>>,
-) -> Result<String, TensorIoError> {
+) -> Result<String, FileError> {
     let serialized = serialize(path, tensors, metadata)?;
     write_atomic_parts(path, &serialized.parts())
 }
@@ -211,10 +211,9 @@ pub struct SafetensorsFile {
     pub metadata: HashMap<String, String>,
 }
 
-pub fn read_safetensors(path: &Path) -> Result<SafetensorsFile, TensorIoError> {
-    let bytes =
-        std::fs::read(path).map_err(|source| TensorIoError::Io { path: path.to_path_buf(), source })?;
-    let format = |source| TensorIoError::Format { path: path.to_path_buf(), source };
+pub fn read_safetensors(path: &Path) -> Result<SafetensorsFile, FileError> {
+    let bytes = std::fs::read(path).map_err(|source| FileError::Io { path: path.to_path_buf(), source })?;
+    let format = |source| FileError::Format { path: path.to_path_buf(), source };
     let (_, header) = SafeTensors::read_metadata(&bytes).map_err(format)?;
     let metadata = header.metadata().clone().unwrap_or_default();
     let parsed = SafeTensors::deserialize(&bytes).map_err(format)?;
@@ -223,13 +222,13 @@ pub fn read_safetensors(path: &Path) -> Result<SafetensorsFile, TensorIoError> {
         let found =
             tensors_digest(views.iter().map(|(n, v)| (n.as_str(), v.dtype(), v.shape(), v.data())).collect());
         if &found != expected {
-            return Err(TensorIoError::Digest { path: path.to_path_buf() });
+            return Err(FileError::Digest { path: path.to_path_buf() });
         }
     }
     let mut tensors = BTreeMap::new();
     for (name, view) in parsed.tensors() {
         let bad =
-            |problem: String| TensorIoError::Tensor { path: path.to_path_buf(), name: name.clone(), problem };
+            |problem: String| FileError::Tensor { path: path.to_path_buf(), name: name.clone(), problem };
         let kind =
             kind_of(view.dtype()).ok_or_else(|| bad(format!("unsupported dtype {:?}", view.dtype())))?;
         let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
@@ -241,9 +240,9 @@ pub fn read_safetensors(path: &Path) -> Result<SafetensorsFile, TensorIoError> {
 
 /// Reads only the header's `__metadata__` (cheap: the tensor data is not read). The full
 /// validation of offsets happens in [`read_safetensors`].
-pub fn read_metadata(path: &Path) -> Result<HashMap<String, String>, TensorIoError> {
-    let io = |source| TensorIoError::Io { path: path.to_path_buf(), source };
-    let invalid = |source| TensorIoError::Format { path: path.to_path_buf(), source };
+pub fn read_metadata(path: &Path) -> Result<HashMap<String, String>, FileError> {
+    let io = |source| FileError::Io { path: path.to_path_buf(), source };
+    let invalid = |source| FileError::Format { path: path.to_path_buf(), source };
     let mut file = std::fs::File::open(path).map_err(io)?;
     let mut len = [0u8; 8];
     file.read_exact(&mut len).map_err(io)?;
@@ -282,8 +281,8 @@ fn is_finite(tensor: &Tensor) -> bool {
 }
 
 /// sha256 of a file's bytes, hex encoded.
-pub fn sha256_file(path: &Path) -> Result<String, TensorIoError> {
-    let io = |source| TensorIoError::Io { path: path.to_path_buf(), source };
+pub fn sha256_file(path: &Path) -> Result<String, FileError> {
+    let io = |source| FileError::Io { path: path.to_path_buf(), source };
     let mut file = std::fs::File::open(path).map_err(io)?;
     let mut hasher = Sha256::new();
     std::io::copy(&mut file, &mut hasher).map_err(io)?;
@@ -343,7 +342,7 @@ mod tests {
         bytes[last] ^= 0x01;
         std::fs::write(&path, &bytes).unwrap();
         let err = read_safetensors(&path).err().unwrap();
-        assert!(matches!(err, TensorIoError::Digest { .. }), "{err}");
+        assert!(matches!(err, FileError::Digest { .. }), "{err}");
         assert!(err.to_string().contains("w.safetensors"), "{err}");
         // A file written elsewhere (no digest) is read as it is.
         let plain = dir.path().join("plain.safetensors");
