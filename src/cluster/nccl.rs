@@ -314,22 +314,22 @@ impl NcclLibrary {
     fn nccl(&self, code: c_int) -> Result<(), String> {
         match code {
             0 => Ok(()),
-            // SAFETY: ncclGetErrorString returns a static string for any code.
-            code => Err(format!(
-                "{} (NCCL error {code})",
-                static_message(unsafe { (self.get_error_string)(code) }, String::new())
-            )),
+            code => {
+                // SAFETY: ncclGetErrorString returns a static string for any code.
+                let message = unsafe { (self.get_error_string)(code) };
+                Err(format!("{} (NCCL error {code})", static_message(message, String::new())))
+            }
         }
     }
 
     fn cuda(&self, code: c_int) -> Result<(), String> {
         match code {
             0 => Ok(()),
-            // SAFETY: cudaGetErrorString returns a static string for any code.
-            code => Err(format!(
-                "{} (CUDA error {code})",
-                static_message(unsafe { (self.cuda_get_error_string)(code) }, String::new())
-            )),
+            code => {
+                // SAFETY: cudaGetErrorString returns a static string for any code.
+                let message = unsafe { (self.cuda_get_error_string)(code) };
+                Err(format!("{} (CUDA error {code})", static_message(message, String::new())))
+            }
         }
     }
 }

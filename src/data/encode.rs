@@ -93,6 +93,7 @@ pub fn encode_jpeg(
     }
     // SAFETY: `out` holds `out_len` bytes written by libjpeg and is freed once, after the copy.
     let bytes = unsafe { std::slice::from_raw_parts(out, out_len) }.to_vec();
+    // SAFETY: `out` came from the shim's allocator, is no longer borrowed, and is freed once.
     unsafe { rtrain_jpeg_free(out) };
     Ok(bytes)
 }

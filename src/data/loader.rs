@@ -787,6 +787,7 @@ mod tests {
 
     #[test]
     fn low_priority_workers_decode_at_a_higher_nice_value_than_the_caller() {
+        // SAFETY: getpriority and gettid have no preconditions.
         let before = unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
         for (low_priority, expected) in [(false, before), (true, LOW_PRIORITY_NICE.max(before))] {
             let probe = Arc::new(NiceProbe {
@@ -806,6 +807,7 @@ mod tests {
             assert_eq!(loader.count(), 2);
             assert_eq!(*probe.seen.lock().unwrap(), vec![expected; 4], "low_priority = {low_priority}");
         }
+        // SAFETY: as above.
         let after = unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
         assert_eq!(after, before, "the caller's own priority is untouched");
     }

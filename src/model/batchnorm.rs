@@ -96,9 +96,9 @@ impl Norm {
 /// Sums the shim's per-channel statistics over the job.
 extern "C" fn all_reduce_stats(context: *mut c_void, data: *mut f64, len: usize) {
     let sum = std::panic::AssertUnwindSafe(|| {
-        // SAFETY: `context` is the `&SumOverRanks` forward_synced passed, still alive; `data`
-        // holds `len` doubles that the shim owns for this call.
+        // SAFETY: `context` is the `&SumOverRanks` forward_synced passed, still alive.
         let sum = unsafe { &*context.cast::<SumOverRanks>() };
+        // SAFETY: `data` holds `len` doubles that the shim owns, and lends us, for this call.
         let values = unsafe { std::slice::from_raw_parts_mut(data, len) };
         sum(values);
     });

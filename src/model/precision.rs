@@ -91,9 +91,8 @@ impl Drop for Autocast {
     fn drop(&mut self) {
         if let Some((cuda, enabled, dtype)) = self.active.take() {
             // SAFETY: pairs with the enter above, on the same thread (Autocast is !Send).
-            if let Err(error) =
-                check("autocast exit", unsafe { ffi::rtrain_autocast_exit(cuda, enabled, dtype) })
-            {
+            let status = unsafe { ffi::rtrain_autocast_exit(cuda, enabled, dtype) };
+            if let Err(error) = check("autocast exit", status) {
                 tracing::error!("{error}");
             }
         }

@@ -6,6 +6,8 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use serde::Serialize;
+
 use super::plot::{self, PlotError, Series};
 use crate::run_dir::manifest::Manifest;
 use crate::run_dir::records::{self, EpochRecord, EvalReport, MetricsRecord, RecordError, StepRecord};
@@ -24,6 +26,8 @@ pub enum RunReportError {
     Plot(#[from] PlotError),
     #[error(transparent)]
     Write(#[from] FileError),
+    #[error("{path}: {source}")]
+    Csv { path: PathBuf, source: csv::Error },
 }
 
 /// What the report knows about one run.
@@ -109,56 +113,85 @@ pub fn write(runs: &[RunData], out: &Path) -> Result<PathBuf, RunReportError> {
             )?;
         }
     }
-    files::write_atomic(&out.join("epochs.csv"), epochs_csv(runs).as_bytes())?;
-    files::write_atomic(&out.join("steps.csv"), steps_csv(runs).as_bytes())?;
+    for (name, csv) in [("epochs.csv", epochs_csv(runs)), ("steps.csv", steps_csv(runs))] {
+        let path = out.join(name);
+        let csv = csv.map_err(|source| RunReportError::Csv { path: path.clone(), source })?;
+        files::write_atomic(&path, &csv)?;
+    }
     let report = out.join("report.md");
     files::write_atomic(&report, markdown(runs).as_bytes())?;
     Ok(report)
 }
 
-fn epochs_csv(runs: &[RunData]) -> String {
-    let mut csv = String::from("run,epoch,global_step,train_loss,train_accuracy,val_loss,val_top1,train_images_per_second,seconds,lr\n");
-    for run in runs {
-        for e in &run.epochs {
-            let (val_loss, val_top1) = (e.val.loss, e.val.top1);
-            let _ = writeln!(
-                csv,
-                "{},{},{},{},{},{},{},{},{},{}",
-                run.name,
-                e.epoch + 1,
-                e.global_step,
-                e.train_loss,
-                e.train_accuracy,
-                val_loss,
-                val_top1,
-                e.train_images_per_second,
-                e.seconds,
-                e.lr
-            );
-        }
-    }
-    csv
+/// One row of `epochs.csv`: a run's finished epoch (1-based), its training sums and evaluation.
+#[derive(Serialize)]
+struct EpochRow<'a> {
+    run: &'a str,
+    epoch: u32,
+    global_step: u64,
+    train_loss: f64,
+    train_accuracy: f64,
+    val_loss: f64,
+    val_top1: f64,
+    train_images_per_second: f64,
+    seconds: f64,
+    lr: f64,
 }
 
-fn steps_csv(runs: &[RunData]) -> String {
-    let mut csv = String::from("run,epoch,step,global_step,loss,accuracy,lr,images_per_second\n");
-    for run in runs {
-        for s in &run.steps {
-            let _ = writeln!(
-                csv,
-                "{},{},{},{},{},{},{},{}",
-                run.name,
-                s.epoch + 1,
-                s.step,
-                s.global_step,
-                s.loss,
-                s.accuracy,
-                s.lr,
-                s.images_per_second
-            );
-        }
+/// One row of `steps.csv`: a run's logged step (epoch 1-based).
+#[derive(Serialize)]
+struct StepRow<'a> {
+    run: &'a str,
+    epoch: u32,
+    step: u64,
+    global_step: u64,
+    loss: f64,
+    accuracy: f64,
+    lr: f64,
+    images_per_second: f64,
+}
+
+fn epochs_csv(runs: &[RunData]) -> Result<Vec<u8>, csv::Error> {
+    let rows = runs.iter().flat_map(|run| {
+        run.epochs.iter().map(|e| EpochRow {
+            run: &run.name,
+            epoch: e.epoch + 1,
+            global_step: e.global_step,
+            train_loss: e.train_loss,
+            train_accuracy: e.train_accuracy,
+            val_loss: e.val.loss,
+            val_top1: e.val.top1,
+            train_images_per_second: e.train_images_per_second,
+            seconds: e.seconds,
+            lr: e.lr,
+        })
+    });
+    write_csv(rows)
+}
+
+fn steps_csv(runs: &[RunData]) -> Result<Vec<u8>, csv::Error> {
+    let rows = runs.iter().flat_map(|run| {
+        run.steps.iter().map(|s| StepRow {
+            run: &run.name,
+            epoch: s.epoch + 1,
+            step: s.step,
+            global_step: s.global_step,
+            loss: s.loss,
+            accuracy: s.accuracy,
+            lr: s.lr,
+            images_per_second: s.images_per_second,
+        })
+    });
+    write_csv(rows)
+}
+
+/// RFC 4180 CSV with a header row (a run named `a,b` is quoted, not split).
+fn write_csv<T: Serialize>(rows: impl Iterator<Item = T>) -> Result<Vec<u8>, csv::Error> {
+    let mut writer = csv::Writer::from_writer(Vec::new());
+    for row in rows {
+        writer.serialize(row)?;
     }
-    csv
+    writer.into_inner().map_err(|error| csv::Error::from(error.into_error()))
 }
 
 fn markdown(runs: &[RunData]) -> String {
@@ -254,7 +287,8 @@ mod tests {
     #[test]
     fn reads_metrics_and_writes_tables_and_csv() {
         let dir = tempfile::tempdir().unwrap();
-        let run = dir.path().join("run-a");
+        // A comma in the name: the CSV quotes the field instead of splitting it.
+        let run = dir.path().join("run,a");
         std::fs::create_dir_all(&run).unwrap();
         let val = r#"{"samples":4,"loss":0.5,"top1":0.75,"per_class":[1.0,0.5],"confusion":[[2,0],[1,1]]}"#;
         std::fs::write(
@@ -267,9 +301,15 @@ mod tests {
         .unwrap();
         let data = RunData::read(&run).unwrap();
         assert_eq!((data.steps.len(), data.epochs.len()), (1, 1));
-        assert!(
-            epochs_csv(&[RunData::read(&run).unwrap()]).contains("\nrun-a,1,1,1.5,0.25,0.5,0.75,99,2,0.1\n")
+        let csv = String::from_utf8(epochs_csv(&[RunData::read(&run).unwrap()]).unwrap()).unwrap();
+        assert_eq!(
+            csv,
+            "run,epoch,global_step,train_loss,train_accuracy,val_loss,val_top1,train_images_per_second,seconds,lr\n\
+             \"run,a\",1,1,1.5,0.25,0.5,0.75,99.0,2.0,0.1\n"
         );
+        let mut reader = csv::Reader::from_reader(csv.as_bytes());
+        let row = reader.records().next().unwrap().unwrap();
+        assert_eq!((&row[0], &row[1], &row[9]), ("run,a", "1", "0.1"));
         let md = markdown(&[data]);
         assert!(md.contains("| 1 | 1.5000 | 0.2500 | 0.5000 | 0.7500 | 99.0 | 2.0 |"), "{md}");
         assert!(md.contains("| 1 | 1 | 1 | 0.500 |"), "the confusion row of class 1: {md}");
