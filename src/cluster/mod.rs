@@ -105,6 +105,9 @@ pub trait Communicator: Send + Sync {
     fn all_reduce_sum_wire_background(&self, data: &mut [u16], wire: Wire, poll: std::time::Duration);
     /// Copies `root`'s bytes into every rank's `data` (all ranks pass the same length).
     fn broadcast_bytes(&self, data: &mut [u8], root: usize);
+    /// Every rank's `data` (of any length, short messages such as host names and failure
+    /// causes), in rank order, on every rank.
+    fn all_gather_bytes(&self, data: &[u8]) -> Vec<Vec<u8>>;
     fn barrier(&self);
     /// The MPI library's version string (for run manifests); None without MPI.
     fn library_version(&self) -> Option<String> {
@@ -132,6 +135,9 @@ impl Communicator for SingleProcess {
     fn all_reduce_sum_f64(&self, _data: &mut [f64]) {}
     fn all_reduce_sum_wire_background(&self, _data: &mut [u16], _wire: Wire, _poll: std::time::Duration) {}
     fn broadcast_bytes(&self, _data: &mut [u8], _root: usize) {}
+    fn all_gather_bytes(&self, data: &[u8]) -> Vec<Vec<u8>> {
+        vec![data.to_vec()]
+    }
     fn barrier(&self) {}
     fn abort(&self, code: i32) -> ! {
         std::process::exit(code)
@@ -272,9 +278,10 @@ pub fn all_reduce_tensor(comm: &dyn Communicator, tensor: &mut Tensor, what: &st
         return Err(DistError::Kind { what: what.to_string(), kind });
     }
     with_host_bytes(tensor, |bytes| match kind {
-        // Tensor memory is aligned for its element type (libtorch allocates 64-byte aligned).
-        Kind::Float => comm.all_reduce_sum_f32(bytemuck_f32(bytes)),
-        _ => comm.all_reduce_sum_f64(bytemuck_f64(bytes)),
+        // Tensor memory is aligned for its element type (libtorch allocates 64-byte aligned);
+        // bytemuck checks it (and the length) and panics otherwise.
+        Kind::Float => comm.all_reduce_sum_f32(bytemuck::cast_slice_mut::<u8, f32>(bytes)),
+        _ => comm.all_reduce_sum_f64(bytemuck::cast_slice_mut::<u8, f64>(bytes)),
     });
     Ok(())
 }
@@ -288,7 +295,7 @@ pub fn all_reduce_mean_in_background(
 ) {
     let scale = 1.0 / comm.topology().world_size as f32;
     with_host_bytes(tensor, |bytes| {
-        let values = bytemuck_f32(bytes);
+        let values = bytemuck::cast_slice_mut::<u8, f32>(bytes);
         comm.all_reduce_sum_f32_background(values, poll);
         values.iter_mut().for_each(|v| *v *= scale);
     });
@@ -306,7 +313,7 @@ pub fn all_reduce_mean_compressed_in_background(
     poll: std::time::Duration,
 ) {
     with_host_bytes(tensor, |bytes| {
-        all_reduce_mean_compressed(comm, bytemuck_f32(bytes), wire, scratch, poll)
+        all_reduce_mean_compressed(comm, bytemuck::cast_slice_mut::<u8, f32>(bytes), wire, scratch, poll)
     });
 }
 
@@ -349,24 +356,10 @@ pub fn broadcast_from_root(comm: &dyn Communicator, tensors: impl IntoIterator<I
     }
 }
 
-/// Every rank's `value` (up to 255 bytes each, e.g. host names), in rank order.
+/// Every rank's `value` (e.g. host names, failure causes), whole, in rank order. A collective.
 pub fn gather_strings(comm: &dyn Communicator, value: &str) -> Vec<String> {
-    const SLOT: usize = 256;
-    let topology = comm.topology();
-    // A sum over ranks of a table in which each rank fills only its own slot.
-    let mut table = vec![0.0f64; SLOT * topology.world_size];
-    let bytes = &value.as_bytes()[..value.len().min(SLOT - 1)];
-    for (i, &b) in bytes.iter().enumerate() {
-        table[topology.rank * SLOT + i] = f64::from(b);
-    }
-    comm.all_reduce_sum_f64(&mut table);
-    table
-        .chunks(SLOT)
-        .map(|slot| {
-            let bytes: Vec<u8> = slot.iter().map(|&v| v as u8).take_while(|&b| b != 0).collect();
-            String::from_utf8_lossy(&bytes).into_owned()
-        })
-        .collect()
+    let gathered = comm.all_gather_bytes(value.as_bytes());
+    gathered.iter().map(|bytes| String::from_utf8_lossy(bytes).into_owned()).collect()
 }
 
 /// A rank that failed a step all ranks took together, and why.
@@ -426,18 +419,6 @@ pub fn broadcast_string(comm: &dyn Communicator, value: &str, root: usize) -> St
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-fn bytemuck_f32(bytes: &mut [u8]) -> &mut [f32] {
-    assert!(bytes.as_ptr().align_offset(std::mem::align_of::<f32>()) == 0 && bytes.len() % 4 == 0);
-    // SAFETY: aligned (checked), length a multiple of 4, and every bit pattern is a valid f32.
-    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f32>(), bytes.len() / 4) }
-}
-
-fn bytemuck_f64(bytes: &mut [u8]) -> &mut [f64] {
-    assert!(bytes.as_ptr().align_offset(std::mem::align_of::<f64>()) == 0 && bytes.len() % 8 == 0);
-    // SAFETY: aligned (checked), length a multiple of 8, and every bit pattern is a valid f64.
-    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f64>(), bytes.len() / 8) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -484,7 +465,7 @@ mod tests {
         // A non-dense view goes through a copy; what `f` writes must land in the view.
         let base = Tensor::zeros([4, 4], (Kind::Float, Device::Cpu));
         let mut column = base.narrow(1, 1, 1);
-        with_host_bytes(&mut column, |bytes| bytemuck_f32(bytes).fill(7.0));
+        with_host_bytes(&mut column, |bytes| bytemuck::cast_slice_mut::<u8, f32>(bytes).fill(7.0));
         let sum = base.sum(Kind::Double).double_value(&[]);
         assert_eq!(sum, 28.0);
         assert_eq!(base.double_value(&[2, 1]), 7.0);

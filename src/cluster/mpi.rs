@@ -174,6 +174,51 @@ impl Communicator for MpiCommunicator {
         }
     }
 
+    /// Lengths first (one u64 per rank), then the bytes with MPI_Allgatherv.
+    fn all_gather_bytes(&self, data: &[u8]) -> Vec<Vec<u8>> {
+        let _wait = Wait::begin("an all-gather");
+        let world = self.topology.world_size;
+        let mut lengths = vec![0u64; world];
+        let mine = data.len() as u64;
+        // SAFETY: one u64 sent from `mine` and `world` received into `lengths`, on every rank.
+        unsafe {
+            ffi::MPI_Allgather(
+                std::ptr::from_ref(&mine).cast(),
+                1,
+                ffi::RSMPI_UINT64_T,
+                lengths.as_mut_ptr().cast(),
+                1,
+                ffi::RSMPI_UINT64_T,
+                self.world,
+            );
+        }
+        // Short messages: a total past 2 GiB (MPI's int counts) is a bug, and ends the job.
+        let count = |n: u64| c_int::try_from(n).unwrap_or_else(|_| self.abort(1));
+        let counts: Vec<c_int> = lengths.iter().map(|&n| count(n)).collect();
+        let mut offsets = Vec::with_capacity(world);
+        let mut total: c_int = 0;
+        for &n in &counts {
+            offsets.push(total);
+            total = total.checked_add(n).unwrap_or_else(|| self.abort(1));
+        }
+        let mut all = vec![0u8; usize::try_from(total).unwrap_or(0)];
+        // SAFETY: every rank sends its `data` (its length is counts[rank] on every rank) and
+        // receives counts[r] bytes at offsets[r] of `all`, which holds their sum.
+        unsafe {
+            ffi::MPI_Allgatherv(
+                data.as_ptr().cast(),
+                count(mine),
+                ffi::RSMPI_UINT8_T,
+                all.as_mut_ptr().cast(),
+                counts.as_ptr(),
+                offsets.as_ptr(),
+                ffi::RSMPI_UINT8_T,
+                self.world,
+            );
+        }
+        counts.iter().zip(&offsets).map(|(&n, &at)| all[at as usize..(at + n) as usize].to_vec()).collect()
+    }
+
     fn barrier(&self) {
         let _wait = Wait::begin("a barrier");
         // SAFETY: a collective on a valid communicator.
