@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use rtrain::cluster::grad_sync::{choose_reducer, GradSync, Reducer, SyncOptions};
 use rtrain::cluster::nccl::{DataType, Handle, NcclApi, NcclError, ReduceOp, UniqueId};
-use rtrain::cluster::{self, watchdog, AllreduceAlgorithm, Communicator};
+use rtrain::cluster::{self, watchdog, Communicator};
+use rtrain::config::AllreduceAlgorithm;
 use rtrain::util::logging::{self, LogFormat};
 use tch::{Device, Kind, Tensor};
 

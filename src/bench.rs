@@ -27,11 +27,12 @@ use crate::cluster::grad_sync::{bucket_layout, GradSync, Reducer, SyncOptions, F
 use crate::cluster::wire::Wire;
 use crate::cluster::{self, Communicator};
 use crate::config::{Config, DistConfig};
-use crate::model::precision::{Compute, ShimError};
+use crate::model::precision::Compute;
 use crate::model::{Arch, Model, ModelError};
 use crate::plan::{self, set_threads};
 use crate::train::optim::{OptimError, Optimizer};
 use crate::train::step::{train_step, GradientSync, StepContext, StepError};
+use crate::util::shim::ShimError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -392,7 +393,7 @@ pub struct AllreduceBenchResult {
 pub struct AllreduceSuite {
     pub archs: Vec<Arch>,
     pub bucket_mbs: Vec<f64>,
-    pub algorithm: crate::cluster::AllreduceAlgorithm,
+    pub algorithm: crate::config::AllreduceAlgorithm,
     /// Blocking calls instead of the communication thread's polled non-blocking ones.
     pub blocking: bool,
     /// Gradients on the wire as `dist.compress` would send them.

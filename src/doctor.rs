@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use crate::cluster::cuda::CudaStack;
 use crate::cluster::launcher::{self, LaunchInfo};
-pub use crate::cluster::runtime::{
+use crate::cluster::runtime::{
     detect_image, detect_runtime, driver_version, gpu_devices, gpus_requested, usable_gpus, Probe, Runtime,
 };
 use crate::cluster::Topology;
@@ -27,7 +27,7 @@ use crate::run_dir::manifest::LIBTORCH_VERSION;
 /// Below this much free space in the run directory's filesystem, checkpoints may not fit
 /// (a ResNet-50 checkpoint with SGD momentum is about 200 MB; `checkpoint.keep_last` of them).
 pub const MIN_RUN_DIR_FREE: u64 = 1 << 30;
-pub use crate::util::memory::{available_bytes, MIN_SHM_FREE};
+use crate::util::memory::{available_bytes, MIN_SHM_FREE};
 
 /// A directory rtrain needs, and what is known about it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -380,7 +380,7 @@ pub fn examine(config: &Config) -> Examination {
     let mut mpi = Mpi::from_launch(launch.as_ref());
     mpi.error = launch_error;
     if launch.is_some() {
-        match crate::cluster::init(crate::cluster::AllreduceAlgorithm::Mpi) {
+        match crate::cluster::init(crate::config::AllreduceAlgorithm::Mpi) {
             Ok(comm) => {
                 let job = comm.topology().clone();
                 match crate::cluster::device_for(&job, cuda.devices) {

@@ -19,7 +19,8 @@ use crate::data::loader::{EpochBatches, LoaderOptions};
 use crate::data::sampler;
 use crate::data::shards::{self, Staging};
 use crate::data::transforms::{Augment, Geometry, Transform};
-use crate::model::precision::{self, Compute, ShimError};
+use crate::model::precision::{self, Compute};
+use crate::util::shim::ShimError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {

@@ -11,10 +11,11 @@ use crate::config::Config;
 use crate::data::decode::DecodeError;
 use crate::data::loader::transform_encoded;
 use crate::data::transforms::{self, Transform};
-use crate::model::precision::{Compute, ShimError};
+use crate::model::precision::Compute;
 use crate::model::Model;
 use crate::plan::RunPlan;
 use crate::run_dir::checkpoint::{self, CheckpointError};
+use crate::util::shim::ShimError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PredictError {

@@ -9,7 +9,7 @@ use tch::Device;
 
 use super::{parse_arch, print, ConfigArgs};
 use crate::bench::{self, AllreduceEvent, AllreduceSuite, LoaderBench, StepBench};
-use crate::cluster::AllreduceAlgorithm;
+use crate::config::AllreduceAlgorithm;
 use crate::config::GradCompression;
 use crate::model::precision::{Compute, Precision};
 use crate::model::Arch;

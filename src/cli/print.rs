@@ -13,7 +13,7 @@ use crate::cluster::Topology;
 use crate::data::shards::ShardManifest;
 use crate::predict::Prediction;
 use crate::run_dir::manifest::Finding;
-use crate::train::eval::EvalReport;
+use crate::run_dir::records::EvalReport;
 
 pub fn eval_report(report: &EvalReport, classes: &[String], json: bool) -> Result<()> {
     if json {

@@ -13,7 +13,7 @@ use tch::Device;
 use crate::cluster::cuda::{CudaStack, Diagnosis};
 use crate::cluster::runtime::{usable_gpus, Probe};
 use crate::cluster::{self, DistError, Topology};
-pub use crate::config::DeviceSetting;
+use crate::config::DeviceSetting;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
-pub use crate::config::AllreduceAlgorithm;
+use crate::config::AllreduceAlgorithm;
 use launcher::{LaunchError, LaunchInfo};
 use wire::Wire;
 

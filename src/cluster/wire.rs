@@ -9,7 +9,7 @@ use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
 use multiversion::multiversion;
 
-pub use crate::config::GradCompression;
+use crate::config::GradCompression;
 
 /// A 16-bit wire format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

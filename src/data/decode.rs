@@ -44,7 +44,7 @@ pub struct Region {
     pub reduction: u32,
 }
 
-pub use super::transforms::REDUCTIONS;
+use super::transforms::REDUCTIONS;
 
 /// The length of a side of `len` pixels decoded at 1/`reduction` of its size (libjpeg rounds
 /// up).

@@ -12,7 +12,7 @@ use std::marker::PhantomData;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Tensor};
 
-pub use crate::util::shim::ShimError;
+use crate::util::shim::ShimError;
 use crate::util::shim::{check, ffi};
 
 /// The configured choice, `train.precision`.

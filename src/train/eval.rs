@@ -15,11 +15,12 @@ use crate::data::dataset::DataError;
 use crate::data::dataset::Dataset;
 use crate::data::loader::{EpochBatches, Loader, LoaderOptions};
 use crate::data::transforms::Transform;
-use crate::model::precision::{Compute, ShimError};
+use crate::model::precision::Compute;
 use crate::model::Model;
 use crate::plan::RunPlan;
 use crate::run_dir::checkpoint;
-pub use crate::run_dir::records::EvalReport;
+use crate::run_dir::records::EvalReport;
+use crate::util::shim::ShimError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {

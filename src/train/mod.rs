@@ -31,7 +31,6 @@ use crate::cluster::watchdog;
 use crate::cluster::{self, Communicator, DistError};
 use crate::data::dataset::{DataError, Dataset};
 use crate::data::shards::ShardError;
-use crate::model::precision::ShimError;
 use crate::model::weights::{self, HubFile, StartingWeights};
 use crate::model::{Model, ModelError};
 use crate::plan::{PlanError, RunPlan};
@@ -40,10 +39,11 @@ use crate::run_dir::manifest::{self, DataSplit, Manifest};
 use crate::run_dir::records::Summary;
 use crate::run_dir::{RunDir, RunDirError, RunPaths};
 use crate::util::files::{self, FileError};
+use crate::util::shim::ShimError;
 use step::{GradientSync, StepError};
 use trainer::{Position, Trainer};
 
-pub use crate::plan::Resume;
+use crate::plan::Resume;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {

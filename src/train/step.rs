@@ -7,8 +7,9 @@ use tch::{Kind, Reduction, Tensor};
 use super::optim::{OptimError, Optimizer};
 use crate::cluster::grad_sync::{GradSync, GradSyncError};
 use crate::cluster::signals;
-use crate::model::precision::{Compute, ShimError};
+use crate::model::precision::Compute;
 use crate::model::Model;
+use crate::util::shim::ShimError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StepError {

@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use tch::Tensor;
 
-use super::eval::EvalReport;
 use super::optim::{Optimizer, Schedule};
 use super::policy;
 use super::step::{self, GradientSync, StepContext, StepOutput};
@@ -18,6 +17,7 @@ use crate::cluster::Communicator;
 use crate::model::Model;
 use crate::plan::RunPlan;
 use crate::run_dir::checkpoint::{self, CheckpointError, CheckpointMeta, EpochTotals, WeightsMeta};
+use crate::run_dir::records::EvalReport;
 use crate::run_dir::records::{EpochRecord, Summary};
 use crate::run_dir::RunDir;
 use crate::util::files;
