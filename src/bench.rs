@@ -430,8 +430,8 @@ pub fn allreduce_suite(
     for &arch in &suite.archs {
         for &bucket_mb in &suite.bucket_mbs {
             let wire = Wire::of(suite.compress);
-            let rounds = (suite.warmup, suite.iterations);
-            let result = bench_allreduce(comm.as_ref(), arch, bucket_mb, poll, wire, rounds)?;
+            let (warmup, iterations) = (suite.warmup, suite.iterations);
+            let result = bench_allreduce(comm.as_ref(), arch, bucket_mb, poll, wire, warmup, iterations)?;
             if topology.is_root() {
                 on_root(AllreduceEvent::Measured(result));
             }
@@ -455,7 +455,8 @@ pub fn bench_allreduce(
     bucket_mb: f64,
     poll: Option<std::time::Duration>,
     wire: Option<Wire>,
-    (warmup, iterations): (usize, usize),
+    warmup: usize,
+    iterations: usize,
 ) -> Result<AllreduceBenchResult, BenchError> {
     let model = Model::new(arch, 1000, Device::Cpu)?;
     let numels: Vec<usize> = model.trainable().iter().map(|(_, t)| t.numel()).collect();

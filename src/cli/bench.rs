@@ -141,7 +141,7 @@ impl BenchAgreeArgs {
         let result = bench::bench_agree(self.arch, self.image_size, self.batch_size, reference, other)?;
         let agree = result.loss_relative_difference <= loss_tolerance
             && result.update_relative_difference <= update_tolerance;
-        print::agree(&result, device, (loss_tolerance, update_tolerance), agree, self.json)?;
+        print::agree(&result, device, loss_tolerance, update_tolerance, agree, self.json)?;
         if !agree {
             bail!(
                 "{device:?} and the CPU differ after one step: loss {:.1e} (tolerance {loss_tolerance:.0e}), weight update {:.1e} (tolerance {update_tolerance:.0e})",

@@ -194,7 +194,8 @@ pub fn step(options: &StepBench, result: &StepBenchResult, json: bool) -> Result
 pub fn agree(
     result: &AgreeResult,
     device: Device,
-    (loss_tolerance, update_tolerance): (f64, f64),
+    loss_tolerance: f64,
+    update_tolerance: f64,
     agree: bool,
     json: bool,
 ) -> Result<()> {

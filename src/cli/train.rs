@@ -69,8 +69,7 @@ impl ReproduceArgs {
         let loaded = original.as_ref().map(|m| m.config.clone()).map_err(|e| anyhow!("{e}"));
         job::run_in_job(loaded, exit_code, |config, comm| {
             let original = original.map_err(|e| anyhow!("{e}"))?;
-            let compared =
-                reproduce_as_rank(config, &comm, (&original, &self.run_dir), self.epochs, self.out)?;
+            let compared = reproduce_as_rank(config, &comm, &original, &self.run_dir, self.epochs, self.out)?;
             let Some((out, verdict)) = compared else { return Ok(()) };
             for line in &verdict.lines {
                 println!("{line}");
@@ -117,7 +116,8 @@ fn train_as_rank(
 fn reproduce_as_rank(
     config: &Config,
     comm: &Arc<dyn Communicator>,
-    (original, original_dir): (&Manifest, &Path),
+    original: &Manifest,
+    original_dir: &Path,
     epochs: Option<u32>,
     out: Option<PathBuf>,
 ) -> Result<Option<(PathBuf, Verdict)>> {

@@ -233,7 +233,7 @@ impl GradSync {
         let worker_comm = comm.clone();
         let worker = std::thread::Builder::new()
             .name("rtrain-allreduce".to_string())
-            .spawn(move || communicate(worker_comm.as_ref(), &reducer, job_queue, done_sender, (poll, wire)))
+            .spawn(move || communicate(worker_comm.as_ref(), &reducer, job_queue, done_sender, poll, wire))
             .map_err(|_| GradSyncError::ThreadGone)?;
         let plan = HookState {
             bucket_of: vec![0; params.len()],
@@ -442,9 +442,10 @@ extern "C" fn grad_ready(context: *mut c_void, index: usize) {
 fn communicate(
     comm: &dyn Communicator,
     reducer: &Reducer,
-    jobs: Receiver<BucketToReduce>,
+    buckets: Receiver<BucketToReduce>,
     done: Sender<usize>,
-    (poll, wire): (std::time::Duration, Option<Wire>),
+    poll: std::time::Duration,
+    wire: Option<Wire>,
 ) {
     let mut scratch = Vec::new();
     if let Reducer::Nccl(nccl) = reducer {
@@ -454,7 +455,7 @@ fn communicate(
             comm.abort(1);
         }
     }
-    for mut job in jobs {
+    for mut job in buckets {
         let started = std::time::Instant::now();
         match (reducer, wire) {
             (Reducer::Mpi, None) => all_reduce_mean_in_background(comm, &mut job.flat, poll),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::progress::{StepDone, StepReporter};
-use super::trainer::Trainer;
+use super::trainer::{EpochStart, Trainer};
 use super::{policy, TrainError};
 use crate::cluster::signals::Preempted;
 use crate::cluster::watchdog;
@@ -18,8 +18,8 @@ use crate::model::Model;
 use crate::run_dir::checkpoint::EpochTotals;
 use crate::run_dir::RunDir;
 
-/// Trains epoch `epoch` from batch `start_batch` on (with the sums of the steps before it,
-/// when resumed); returns this rank's sums of the epoch. Every rank calls it (each step is a
+/// Trains epoch `epoch` from batch `start.batch` on (with `start.totals`, the sums of the steps
+/// before it, when resumed); returns this rank's sums of the epoch. Every rank calls it (each step is a
 /// collective, and so are the step reports and checkpoints).
 pub fn train_epoch(
     trainer: &mut Trainer<'_>,
@@ -27,19 +27,22 @@ pub fn train_epoch(
     dataset: &Arc<dyn Dataset>,
     comm: &dyn Communicator,
     out: &mut RunDir,
-    (start_batch, mut totals): (u64, EpochTotals),
+    start: EpochStart,
     epoch: u32,
 ) -> Result<EpochTotals, TrainError> {
+    let mut totals = start.totals;
     let plan = trainer.plan();
     let (config, topology) = (&plan.config, &plan.topology);
     let steps_per_epoch = trainer.steps_per_epoch();
     let permutation = sampler::epoch_permutation(dataset.len(), config.run.seed, u64::from(epoch));
     let order = sampler::rank_shard(&permutation, topology.rank, topology.world_size, config.dist.uneven);
-    let batches = plan.epoch_batches(epoch, steps_per_epoch, start_batch);
+    let batches = plan.epoch_batches(epoch, steps_per_epoch, start.batch);
     let loader = Loader::new(dataset.clone(), order, plan.train_transform(), batches, plan.train_loader());
     let mut reporter = StepReporter::new(
-        (epoch, config.train.epochs),
-        (start_batch, steps_per_epoch),
+        epoch,
+        config.train.epochs,
+        start.batch,
+        steps_per_epoch,
         config.train.log_every_steps,
         topology.is_root(),
     );
@@ -47,7 +50,7 @@ pub fn train_epoch(
     // checkpoints.
     let mut mark = Instant::now();
     // The loader yields the plan's batches of the epoch, from the resumed one on.
-    for (step_in_epoch, batch) in (start_batch + 1..).zip(loader) {
+    for (step_in_epoch, batch) in (start.batch + 1..).zip(loader) {
         let batch = batch?;
         for bad in &batch.skipped {
             tracing::warn!("skipped an undecodable sample (data.on_bad_sample = skip): {bad}");
@@ -80,10 +83,10 @@ pub fn train_epoch(
             // The epoch's own checkpoint, after its evaluation, is where to resume.
             trainer.stop_at_epoch_end();
         } else if output.stop {
-            return Err(stop_mid_epoch(trainer, model, comm, out, (epoch, step_in_epoch), &totals));
+            return Err(stop_mid_epoch(trainer, model, comm, out, epoch, step_in_epoch, &totals));
         }
         if policy::save_after_step(&config.checkpoint, step_in_epoch, steps_per_epoch) {
-            trainer.checkpoint_mid_epoch(model, comm, out, (epoch, step_in_epoch), &totals)?;
+            trainer.checkpoint_mid_epoch(model, comm, out, epoch, step_in_epoch, &totals)?;
         }
         mark = Instant::now();
     }
@@ -99,10 +102,11 @@ fn stop_mid_epoch(
     model: &Model,
     comm: &dyn Communicator,
     out: &mut RunDir,
-    at: (u32, u64),
+    epoch: u32,
+    step_in_epoch: u64,
     totals: &EpochTotals,
 ) -> TrainError {
-    let saved = trainer.checkpoint_mid_epoch(model, comm, out, at, totals);
+    let saved = trainer.checkpoint_mid_epoch(model, comm, out, epoch, step_in_epoch, totals);
     let saved = saved.and_then(|path| out.write_manifest().map(|()| path).map_err(TrainError::from));
     comm.barrier();
     match saved {

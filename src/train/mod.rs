@@ -131,9 +131,9 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     trainer.join_gradient_sync(join_gradient_sync(plan, &model, comm)?);
     log_start(plan, &data, steps_per_epoch, out.paths());
     for epoch in position.epoch..plan.last_epoch {
-        let resumed = position.within(epoch, plan.topology.is_root());
+        let start = position.within(epoch, plan.topology.is_root());
         let totals =
-            epoch::train_epoch(&mut trainer, &model, &data.train, comm.as_ref(), &mut out, resumed, epoch)?;
+            epoch::train_epoch(&mut trainer, &model, &data.train, comm.as_ref(), &mut out, start, epoch)?;
         let totals = reduce_totals(comm.as_ref(), &totals);
         sync_buffers(comm.as_ref(), &model);
         watchdog::set_phase("evaluation", trainer.steps());

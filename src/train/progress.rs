@@ -43,8 +43,10 @@ impl StepReporter {
     /// A reporter for epoch `epoch` of `epochs`, with `steps_per_epoch` steps of which `done`
     /// are already taken (resumed). Only rank 0 (`is_root`) shows progress and logs.
     pub fn new(
-        (epoch, epochs): (u32, u32),
-        (done, steps_per_epoch): (u64, u64),
+        epoch: u32,
+        epochs: u32,
+        done: u64,
+        steps_per_epoch: u64,
         log_every_steps: u64,
         is_root: bool,
     ) -> StepReporter {

@@ -37,13 +37,19 @@ impl Position {
     /// Where epoch `epoch` starts on this rank, and the sums it starts from: after the resumed
     /// steps in the epoch training resumed in, else at its beginning. The checkpointed sums are
     /// global: rank 0 (`carries_totals`) carries them, the others start from zero.
-    pub fn within(&self, epoch: u32, carries_totals: bool) -> (u64, EpochTotals) {
-        match (epoch == self.epoch, carries_totals) {
-            (true, true) => (self.step_in_epoch, self.totals),
-            (true, false) => (self.step_in_epoch, EpochTotals::default()),
-            (false, _) => (0, EpochTotals::default()),
-        }
+    pub fn within(&self, epoch: u32, carries_totals: bool) -> EpochStart {
+        let batch = if epoch == self.epoch { self.step_in_epoch } else { 0 };
+        let carried = epoch == self.epoch && carries_totals;
+        EpochStart { batch, totals: if carried { self.totals } else { EpochTotals::default() } }
     }
+}
+
+/// Where an epoch starts on this rank: its first batch to train (after the resumed ones) and
+/// this rank's sums of the steps before it.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct EpochStart {
+    pub batch: u64,
+    pub totals: EpochTotals,
 }
 
 pub struct Trainer<'a> {
@@ -194,12 +200,13 @@ impl<'a> Trainer<'a> {
         model: &Model,
         comm: &dyn Communicator,
         out: &mut RunDir,
-        (epoch, step_in_epoch): (u32, u64),
+        epoch: u32,
+        step_in_epoch: u64,
         local: &EpochTotals,
     ) -> Result<Option<PathBuf>, TrainError> {
         let global = reduce_totals(comm, local);
         sync_buffers(comm, model);
-        self.write_checkpoint(model, out, (epoch, step_in_epoch), global)
+        self.write_checkpoint(model, out, epoch, step_in_epoch, global)
     }
 
     /// Writes a checkpoint of `model` at `epoch`/`step_in_epoch` with the epoch's global sums
@@ -211,7 +218,8 @@ impl<'a> Trainer<'a> {
         &self,
         model: &Model,
         out: &mut RunDir,
-        (epoch, step_in_epoch): (u32, u64),
+        epoch: u32,
+        step_in_epoch: u64,
         totals: EpochTotals,
     ) -> Result<Option<PathBuf>, TrainError> {
         if !out.writes() {
@@ -308,7 +316,7 @@ impl<'a> Trainer<'a> {
         let actions = policy::after_epoch(&config.checkpoint, epoch, config.train.epochs, is_best);
         // A stop at the epoch's end resumes from its checkpoint, whatever the policy says.
         if actions.save || self.stop_at_epoch_end {
-            let saved = self.write_checkpoint(model, out, (epoch + 1, 0), EpochTotals::default())?;
+            let saved = self.write_checkpoint(model, out, epoch + 1, 0, EpochTotals::default())?;
             if let (Some(path), true) = (saved, actions.keep_as_best) {
                 out.save_best(&path)?;
             }
