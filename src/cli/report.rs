@@ -62,7 +62,7 @@ impl ReportArgs {
             false => print!("{}", scaling::table(&rows)),
         }
         if let Some(plot) = &self.plot {
-            files::write_atomic(plot, scaling::svg(&rows).as_bytes())?;
+            files::write_atomic(plot, scaling::svg(&rows)?.as_bytes())?;
             eprintln!("plot: {}", plot.display());
         }
         Ok(())

@@ -101,21 +101,33 @@ fn draw_lines<DB: DrawingBackend>(
     if x0 > x1 {
         (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
     }
-    let pad = ((y1 - y0) * 0.05).max(1e-9);
+    // A log axis is drawn as log10 values over whole decades, so that its ticks fall on powers
+    // of ten (plotters steps by 1, 2 or 5 times a power of ten: whole numbers here), labelled
+    // in the original units: 0.1, 1, 10, 100.
+    let (y_range, y_ticks) = match log_y {
+        true => {
+            let (low, high) = (y0.floor(), y1.ceil().max(y0.floor() + 1.0));
+            (low..high, (high - low) as usize + 1)
+        }
+        false => {
+            let pad = ((y1 - y0) * 0.05).max(1e-9);
+            ((y0 - pad)..(y1 + pad), 10)
+        }
+    };
     let mut chart = ChartBuilder::on(&area)
         .caption(labels.title, ("sans-serif", 22))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(64)
-        .build_cartesian_2d(x0..x1.max(x0 + 1e-9), (y0 - pad)..(y1 + pad))
+        .build_cartesian_2d(x0..x1.max(x0 + 1e-9), y_range)
         .map_err(err)?;
-    // A log axis is drawn as log10 values with the ticks labelled in the original units.
-    let y_format = |v: &f64| if log_y { format!("{:.3}", 10f64.powf(*v)) } else { format!("{v:.3}") };
+    let y_format = |v: &f64| if log_y { decade_label(*v) } else { format!("{v:.3}") };
     let y_desc = if log_y { format!("{} (log scale)", labels.y) } else { labels.y.to_string() };
     chart
         .configure_mesh()
         .x_desc(labels.x)
         .y_desc(y_desc)
+        .y_labels(y_ticks)
         .y_label_formatter(&y_format)
         .draw()
         .map_err(err)?;
@@ -135,6 +147,84 @@ fn draw_lines<DB: DrawingBackend>(
         .draw()
         .map_err(err)?;
     area.present().map_err(err)
+}
+
+/// One measured point of a scaling chart: images per second at a world size, and the
+/// efficiency against linear scaling.
+pub struct ScalingPoint {
+    pub ranks: f64,
+    pub images_per_second: f64,
+    pub efficiency: f64,
+}
+
+/// Throughput against ranks, with each point labelled (img/s and efficiency) and the ideal
+/// (linear from the first point) dashed: the SVG document, for the caller to write.
+pub fn scaling_svg(points: &[ScalingPoint]) -> Result<String, PlotError> {
+    ensure_font()?;
+    let mut svg = String::new();
+    draw_scaling(SVGBackend::with_string(&mut svg, SIZE).into_drawing_area(), points)
+        .map_err(|problem| PlotError::Draw { path: PathBuf::from("the scaling plot"), problem })?;
+    Ok(svg)
+}
+
+fn draw_scaling<DB: DrawingBackend>(
+    area: DrawingArea<DB, Shift>,
+    points: &[ScalingPoint],
+) -> Result<(), String> {
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    area.fill(&WHITE).map_err(err)?;
+    let max_ranks = points.iter().map(|p| p.ranks).fold(2.0, f64::max);
+    let ideal: Vec<(f64, f64)> = points
+        .first()
+        .map(|p| vec![(p.ranks, p.images_per_second), (max_ranks, p.images_per_second * max_ranks / p.ranks)])
+        .unwrap_or_default();
+    let top = points.iter().map(|p| p.images_per_second).chain(ideal.iter().map(|p| p.1)).fold(1.0, f64::max);
+    let mut chart = ChartBuilder::on(&area)
+        .caption("Training throughput against ranks", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0.0..max_ranks * 1.05, 0.0..top * 1.15)
+        .map_err(err)?;
+    chart.configure_mesh().x_desc("ranks").y_desc("images / s").draw().map_err(err)?;
+    let gray = BLACK.mix(0.5);
+    chart
+        .draw_series(DashedLineSeries::new(ideal, 6, 4, gray.stroke_width(1)))
+        .map_err(err)?
+        .label("ideal (linear)")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], gray));
+    let blue = RGBColor(70, 130, 180);
+    let measured: Vec<(f64, f64)> = points.iter().map(|p| (p.ranks, p.images_per_second)).collect();
+    chart
+        .draw_series(LineSeries::new(measured.iter().copied(), blue.stroke_width(2)))
+        .map_err(err)?
+        .label("measured")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], blue.stroke_width(2)));
+    chart
+        .draw_series(points.iter().map(|p| {
+            let label = format!("{:.0} img/s, {:.0}%", p.images_per_second, 100.0 * p.efficiency);
+            EmptyElement::at((p.ranks, p.images_per_second))
+                + Circle::new((0, 0), 4, blue.filled())
+                + Text::new(label, (-40, -20), ("sans-serif", 13))
+        }))
+        .map_err(err)?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()
+        .map_err(err)?;
+    area.present().map_err(err)
+}
+
+/// The label of the log axis' tick at log10 value `v`: the power of ten it stands for, as a
+/// plain number (`0.01`, `1`, `1000`).
+fn decade_label(v: f64) -> String {
+    let value = 10f64.powi(v.round() as i32);
+    // Display prints the shortest form that reads back exactly: 0.01, 1, 1000.
+    format!("{value}")
 }
 
 /// The confusion matrix as a heat map (rows: true class, columns: predicted), with counts.
@@ -204,4 +294,33 @@ fn draw_confusion<DB: DrawingBackend>(
         }
     }
     area.present().map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_axis_is_labelled_at_powers_of_ten() {
+        let dir = tempfile::tempdir().unwrap();
+        let stem = dir.path().join("loss");
+        // A validation loss that starts three decades above where it ends (the default run's
+        // first epochs before the recipe changed).
+        let series = [Series {
+            label: "val".into(),
+            points: vec![(1.0, 1067.0), (2.0, 85.0), (3.0, 1.4), (4.0, 0.76)],
+        }];
+        let labels = Labels { title: "loss", x: "epoch", y: "loss", log_y: true };
+        lines(&stem, &labels, &series).unwrap();
+        let svg = std::fs::read_to_string(stem.with_extension("svg")).unwrap();
+        let ticks: Vec<&str> = svg
+            .split("<text")
+            .filter_map(|text| text.split('>').nth(1))
+            .filter_map(|rest| rest.split('<').next().map(str::trim))
+            .collect();
+        for decade in ["0.1", "1", "10", "100", "1000", "10000"] {
+            assert!(ticks.contains(&decade), "no tick labelled {decade}: {ticks:?}");
+        }
+        assert!(!svg.contains("316.228") && !svg.contains("3.162"), "ticks between decades: {ticks:?}");
+    }
 }

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use super::plot::{self, PlotError, ScalingPoint};
 use crate::bench::median;
 use crate::run_dir::records::{self, EpochRecord, MetricsRecord, RecordError, Summary};
 use crate::run_dir::RunPaths;
@@ -99,64 +100,18 @@ pub fn table(rows: &[ScalingRow]) -> String {
     out
 }
 
-/// Images per second against ranks, with the ideal (linear from the baseline) dashed.
-pub fn svg(rows: &[ScalingRow]) -> String {
-    let (width, height, margin) = (640.0, 400.0, 60.0);
-    let max_ranks = rows.iter().map(|r| r.world_size).max().unwrap_or(1).max(2) as f64;
-    let base = rows.first();
-    let ideal_top = base.map_or(1.0, |b| b.images_per_second * max_ranks / b.world_size as f64);
-    let max_rate = rows.iter().map(|r| r.images_per_second).fold(ideal_top, f64::max) * 1.1;
-    let x = |ranks: f64| margin + (ranks / max_ranks) * (width - 2.0 * margin);
-    let y = |rate: f64| height - margin - (rate / max_rate) * (height - 2.0 * margin);
-    let points = |values: Vec<(f64, f64)>| {
-        values.iter().map(|&(r, v)| format!("{:.1},{:.1}", x(r), y(v))).collect::<Vec<_>>().join(" ")
-    };
-    let measured = points(rows.iter().map(|r| (r.world_size as f64, r.images_per_second)).collect());
-    let ideal = base.map_or(String::new(), |b| {
-        points(vec![
-            (b.world_size as f64, b.images_per_second),
-            (max_ranks, b.images_per_second * max_ranks / b.world_size as f64),
-        ])
-    });
-    let mut out = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">Training throughput against ranks</text>\n\
-         <line x1=\"{margin}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n\
-         <line x1=\"{margin}\" y1=\"{margin}\" x2=\"{margin}\" y2=\"{}\" stroke=\"black\"/>\n\
-         <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">ranks</text>\n\
-         <text x=\"16\" y=\"{}\" transform=\"rotate(-90 16 {})\" text-anchor=\"middle\">images / s</text>\n\
-         <polyline points=\"{ideal}\" fill=\"none\" stroke=\"gray\" stroke-dasharray=\"6 4\"/>\n\
-         <polyline points=\"{measured}\" fill=\"none\" stroke=\"steelblue\" stroke-width=\"2\"/>\n",
-        width / 2.0,
-        height - margin,
-        width - margin,
-        height - margin,
-        height - margin,
-        width / 2.0,
-        height - 20.0,
-        height / 2.0,
-        height / 2.0,
-    );
-    for r in rows {
-        let (cx, cy) = (x(r.world_size as f64), y(r.images_per_second));
-        out.push_str(&format!(
-            "<circle cx=\"{cx:.1}\" cy=\"{cy:.1}\" r=\"4\" fill=\"steelblue\"/>\n\
-             <text x=\"{cx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{:.0} img/s, {:.0}%</text>\n\
-             <text x=\"{cx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n",
-            cy - 10.0,
-            r.images_per_second,
-            100.0 * r.efficiency,
-            height - margin + 16.0,
-            r.world_size
-        ));
-    }
-    out.push_str(&format!(
-        "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"gray\">ideal (linear)</text>\n</svg>\n",
-        width - margin - 90.0,
-        margin - 8.0
-    ));
-    out
+/// The scaling plot (SVG): images per second against ranks, each point labelled with its
+/// efficiency, and the ideal linear line from the smallest run.
+pub fn svg(rows: &[ScalingRow]) -> Result<String, PlotError> {
+    let points: Vec<ScalingPoint> = rows
+        .iter()
+        .map(|r| ScalingPoint {
+            ranks: r.world_size as f64,
+            images_per_second: r.images_per_second,
+            efficiency: r.efficiency,
+        })
+        .collect();
+    plot::scaling_svg(&points)
 }
 
 #[cfg(test)]
@@ -197,7 +152,7 @@ mod tests {
         assert!((rows[1].efficiency - 0.875).abs() < 1e-12);
         let table = table(&rows);
         assert!(table.contains("| 2 | 2 | 64 | 5.20 | 175.0 | 1.75x | 88% |"), "{table}");
-        let svg = svg(&rows);
+        let svg = svg(&rows).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("175 img/s, 88%"), "{svg}");
     }
 
