@@ -397,8 +397,7 @@ pub fn examine(config: &Config) -> Examination {
     // threads.
     let topology = mpi.job.clone().unwrap_or_else(Topology::single);
     let device = plan::choose_device(config, &topology).unwrap_or(tch::Device::Cpu);
-    let (precision, compute_reason) = precision::resolve(config.train.precision, device);
-    let compute = Compute { precision, channels_last: config.train.channels_last, device };
+    let (compute, compute_reason) = plan::compute_on(config, device);
     let threads = Threads {
         cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         configured: config.train.threads,

@@ -5,7 +5,7 @@
 //! Training, evaluation, prediction and the benchmarks read a [`RunPlan`] instead of deriving
 //! these again from raw settings.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tch::Device;
@@ -54,9 +54,6 @@ pub struct RunPlan {
     pub compute: Compute,
     /// Why `compute.precision` is what it is (for the log and `rtrain doctor`).
     pub compute_reason: String,
-    /// Where the data is read from: the node-local copy when training stages it, else
-    /// `data.root`.
-    pub data_root: PathBuf,
     /// Training's copy of the data to node-local disk, if any (never for inference).
     pub staging: Option<Staging>,
     pub resume: Resume,
@@ -80,10 +77,7 @@ impl RunPlan {
         device::prepare(device, config.run.deterministic);
         let last_epoch = stop_after_epochs.map_or(config.train.epochs, |n| n.min(config.train.epochs));
         let mut plan = RunPlan::new(config, topology.clone(), threads, device, resume, last_epoch);
-        if let Some(staging) = staging(config) {
-            plan.data_root = staging.to.clone();
-            plan.staging = Some(staging);
-        }
+        plan.staging = staging(config);
         Ok(plan)
     }
 
@@ -102,8 +96,7 @@ impl RunPlan {
         resume: Resume,
         last_epoch: u32,
     ) -> RunPlan {
-        let (precision, compute_reason) = precision::resolve(config.train.precision, device);
-        let compute = Compute { precision, channels_last: config.train.channels_last, device };
+        let (compute, compute_reason) = compute_on(config, device);
         let loader_workers = loader_workers(
             config.data.workers,
             device,
@@ -112,7 +105,6 @@ impl RunPlan {
         );
         RunPlan {
             config: config.clone(),
-            data_root: config.data.root.clone(),
             staging: None,
             topology,
             threads,
@@ -122,6 +114,12 @@ impl RunPlan {
             resume,
             last_epoch,
         }
+    }
+
+    /// Where the data is read from: the node-local copy when training stages it, else
+    /// `data.root`.
+    pub fn data_root(&self) -> &Path {
+        self.staging.as_ref().map_or(&self.config.data.root, |staging| &staging.to)
     }
 
     pub fn train_transform(&self) -> Transform {
@@ -271,6 +269,13 @@ pub fn set_threads(configured: usize, local_ranks: usize) -> i32 {
     let threads = threads_per_rank(configured, local_ranks);
     tch::set_num_threads(i32::try_from(threads).unwrap_or(1));
     tch::get_num_threads()
+}
+
+/// How the model computes on `device` (precision as `train.precision = "auto"` resolves it
+/// there, memory format), and why that precision.
+pub fn compute_on(config: &Config, device: Device) -> (Compute, String) {
+    let (precision, reason) = precision::resolve(config.train.precision, device);
+    (Compute { precision, channels_last: config.train.channels_last, device }, reason)
 }
 
 /// The device this rank computes on, as training chooses it (`train.device`, the rank's GPU).

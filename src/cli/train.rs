@@ -121,16 +121,15 @@ fn reproduce_as_rank(
     epochs: Option<u32>,
     out: Option<PathBuf>,
 ) -> Result<Option<(PathBuf, Verdict)>> {
-    let epochs = epochs.unwrap_or(config.train.epochs).min(config.train.epochs);
     let out = RunPaths::new(out.unwrap_or_else(|| format!("{}-reproduce", original_dir.display()).into()));
     out.check_empty()?;
-    let plan = RunPlan::for_training(config, comm.topology(), Resume::Fresh, Some(epochs))?;
+    let plan = RunPlan::for_training(config, comm.topology(), Resume::Fresh, epochs)?;
     job::stage_data(plan.staging.as_ref(), comm.as_ref())?;
     train::run(&plan, comm, out.clone()).map_err(preempted_as_such)?;
     if !comm.topology().is_root() {
         return Ok(None);
     }
     let verdict =
-        reproduce::compare(original, &Manifest::read(out.root())?, epochs, plan.topology.world_size);
+        reproduce::compare(original, &Manifest::read(out.root())?, plan.last_epoch, plan.topology.world_size);
     Ok(Some((out.root().to_path_buf(), verdict)))
 }

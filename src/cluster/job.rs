@@ -82,7 +82,7 @@ pub fn broadcast_path(comm: &dyn Communicator, path: &Path) -> PathBuf {
 /// When the plan stages the data (`RunPlan::staging`, from `data.stage_dir`), the first rank of each node copies the
 /// shard set to its node-local copy (skipping shards already there with the right hash,
 /// verifying each copy) while the node's other ranks wait; training then reads the copy
-/// (`RunPlan::data_root`), and the run records `data.root` as given. The outcome is summed
+/// (`RunPlan::data_root()`), and the run records `data.root` as given. The outcome is summed
 /// over all ranks, so a failed copy on any node fails every rank (naming the node and file on
 /// the rank that failed) instead of leaving them waiting. A collective.
 pub fn stage_data(staging: Option<&Staging>, comm: &dyn Communicator) -> Result<()> {
