@@ -64,7 +64,10 @@ def main():
                                 "--set", f"data.root=\"{data}\"", "--set", "data.image_size=64",
                                 "--set", "data.batch_size=32", "--set", f"train.epochs={args.epochs}",
                                 "--set", f"train.threads={threads}", "--set", f"data.workers={args.rtrain_workers}",
-                                "--set", 'train.precision="fp32"', "--set", "train.channels_last=false"],
+                                "--set", 'train.precision="fp32"', "--set", "train.channels_last=false",
+                                # ddp_reference.py's recipe: SGD at 0.05, torchvision's init.
+                                "--set", 'optim.name="sgd"', "--set", "optim.lr=0.05",
+                                "--set", "model.zero_init_residual=false"],
                                       env=env)
                 ours += epoch_seconds(run)
                 memory[0].append(peak)

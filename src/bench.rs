@@ -26,7 +26,7 @@ use tch::{Device, Kind, Tensor};
 use crate::cluster::grad_sync::{bucket_layout, GradSync, Reducer, SyncOptions, FIRST_BUCKET_BYTES};
 use crate::cluster::wire::Wire;
 use crate::cluster::{self, Communicator};
-use crate::config::{Config, DistConfig};
+use crate::config::{DistConfig, OptimConfig, OptimKind};
 use crate::model::precision::Compute;
 use crate::model::{Arch, Model, ModelError};
 use crate::plan::{self, set_threads};
@@ -181,6 +181,12 @@ pub fn median(values: &[f64]) -> f64 {
     }
 }
 
+/// The optimizer `bench step` and `bench agree` step with: bench/step_reference.py's SGD
+/// (momentum 0.9, weight decay 5e-4), whatever the training default is.
+fn reference_optimizer() -> OptimConfig {
+    OptimConfig { name: OptimKind::Sgd, momentum: 0.9, weight_decay: 5e-4, ..OptimConfig::default() }
+}
+
 pub fn bench_step(options: &StepBench) -> Result<StepBenchResult, BenchError> {
     let threads = set_threads(options.threads, 1);
     tch::manual_seed(0);
@@ -189,7 +195,7 @@ pub fn bench_step(options: &StepBench) -> Result<StepBenchResult, BenchError> {
     crate::cluster::device::prepare(device, false);
     let model = Model::new(options.arch, num_classes, device)?;
     options.compute.prepare_model(&model)?;
-    let mut optimizer = Optimizer::new(&Config::default().optim, model.trainable());
+    let mut optimizer = Optimizer::new(&reference_optimizer(), model.trainable());
     let size = [options.batch_size, 3, options.image_size, options.image_size];
     let images = options.compute.input(&Tensor::f_randn(size, (Kind::Float, Device::Cpu))?)?;
     let labels = Tensor::f_randint(num_classes as i64, [options.batch_size], (Kind::Int64, device))?;
@@ -282,7 +288,7 @@ pub fn bench_agree(
             }
         });
         compute.prepare_model(&model)?;
-        let mut optimizer = Optimizer::new(&Config::default().optim, model.trainable());
+        let mut optimizer = Optimizer::new(&reference_optimizer(), model.trainable());
         let context = StepContext { model: &model, compute, label_smoothing: 0.0 };
         let step = train_step(&context, &mut optimizer, &mut GradientSync::Local, &images, &labels, 0.01)?;
         let weights = model

@@ -189,7 +189,7 @@ impl ShardVerifyArgs {
         }
         if !report.bad.is_empty() {
             let (bad, all) = (report.bad.len(), report.shards);
-            bail!("{dir}: {bad} of {all} shard(s) do not match {}", shards::MANIFEST);
+            bail!("{dir}: {bad} of {all} shard(s) do not match {}", shards::SHARDS_JSON);
         }
         println!("{dir}: {} shard(s), {} bytes: ok", report.shards, report.bytes);
         Ok(())

@@ -91,7 +91,7 @@ pub fn stage_data(staging: Option<&Staging>, comm: &dyn Communicator) -> Result<
         bail!(
             "data.stage_dir is set, but data.root {} is not a shard directory (no {}); make one with `rtrain data prepare`",
             from.display(),
-            shards::MANIFEST
+            shards::SHARDS_JSON
         );
     }
     let topology = comm.topology();

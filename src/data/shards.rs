@@ -35,10 +35,10 @@ use super::ingest::atomic_dir::{self, AtomicDirError};
 use super::transforms::{largest_reduction, resize_rgb, Crop};
 
 /// The shard manifest's file name, in a shard directory.
-pub const MANIFEST: &str = "shards.json";
+pub const SHARDS_JSON: &str = "shards.json";
 /// Its name in shard directories written by rtrain 0.1.0, which a run directory's manifest
 /// shares; still read when its `format` says it is a shard manifest.
-const LEGACY_MANIFEST: &str = "manifest.json";
+const LEGACY_MANIFEST_JSON: &str = "manifest.json";
 /// The manifest's `format` value.
 pub const FORMAT: &str = "webdataset";
 
@@ -103,8 +103,8 @@ impl ShardManifest {
 /// Where `dir`'s shard manifest is: `shards.json`, else a legacy `manifest.json` whose
 /// `format` is a shard set's (a run directory's manifest is not), else `shards.json` (absent).
 fn manifest_path(dir: &Path) -> PathBuf {
-    let current = dir.join(MANIFEST);
-    let legacy = dir.join(LEGACY_MANIFEST);
+    let current = dir.join(SHARDS_JSON);
+    let legacy = dir.join(LEGACY_MANIFEST_JSON);
     if current.is_file() || !legacy.is_file() {
         return current;
     }
@@ -325,7 +325,7 @@ pub fn prepare(src: &Path, out: &Path, options: &PrepareOptions) -> Result<Shard
             .splits
             .insert(split.clone(), SplitShards { samples: folder.samples.len(), per_class, shards });
     }
-    let manifest_path = staging.path().join(MANIFEST);
+    let manifest_path = staging.path().join(SHARDS_JSON);
     let text = serde_json::to_vec_pretty(&manifest).expect("the manifest serialises");
     let mut file = File::create(&manifest_path).map_err(io_err(&manifest_path))?;
     file.write_all(&text).and_then(|()| file.sync_all()).map_err(io_err(&manifest_path))?;
@@ -446,7 +446,7 @@ pub fn stage(src: &Path, dest: &Path) -> Result<StageReport, ShardError> {
     let manifest = ShardManifest::read(src)?;
     fs::create_dir_all(dest).map_err(io_err(dest))?;
     // An earlier staging's manifest must not vouch for a half-replaced set if this one fails.
-    for name in [MANIFEST, LEGACY_MANIFEST] {
+    for name in [SHARDS_JSON, LEGACY_MANIFEST_JSON] {
         match fs::remove_file(dest.join(name)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_err(&dest.join(name))(e)),
             _ => {}
@@ -486,8 +486,10 @@ pub fn stage(src: &Path, dest: &Path) -> Result<StageReport, ShardError> {
         report.bytes_copied += bytes;
     }
     let text = serde_json::to_vec_pretty(&manifest).expect("the manifest serialises");
-    crate::util::files::write_atomic(&dest.join(MANIFEST), &text)
-        .map_err(|e| ShardError::Io { path: dest.join(MANIFEST), source: io::Error::other(e.to_string()) })?;
+    crate::util::files::write_atomic(&dest.join(SHARDS_JSON), &text).map_err(|e| ShardError::Io {
+        path: dest.join(SHARDS_JSON),
+        source: io::Error::other(e.to_string()),
+    })?;
     Ok(report)
 }
 
@@ -789,10 +791,10 @@ mod tests {
         // withdraws that copy's manifest.
         fs::write(local.join(&name), b"junk").unwrap();
         assert!(stage(&out, &local).is_err());
-        assert!(!local.join(MANIFEST).exists());
+        assert!(!local.join(SHARDS_JSON).exists());
         assert!(err.to_string().contains(&name), "{err}");
         assert!(!fresh.join(&name).exists());
-        assert!(!fresh.join(MANIFEST).exists(), "a partly staged set must not look complete");
+        assert!(!fresh.join(SHARDS_JSON).exists(), "a partly staged set must not look complete");
         let leftovers: Vec<_> = fs::read_dir(&fresh)
             .unwrap()
             .map(|e| e.unwrap().file_name())
@@ -856,9 +858,9 @@ mod tests {
         make_tree(&dir.path().join("src"), 2);
         let out = dir.path().join("shards");
         prepare(&dir.path().join("src"), &out, &PrepareOptions::default()).unwrap();
-        let text = fs::read_to_string(out.join(MANIFEST)).unwrap();
+        let text = fs::read_to_string(out.join(SHARDS_JSON)).unwrap();
         for evil in ["../../outside.tar", "/etc/passwd", "a/b.tar"] {
-            fs::write(out.join(MANIFEST), text.replace("train-000000.tar", evil)).unwrap();
+            fs::write(out.join(SHARDS_JSON), text.replace("train-000000.tar", evil)).unwrap();
             let err = ShardManifest::read(&out).unwrap_err();
             assert!(matches!(err, ShardError::BadName { .. }), "{evil}: {err}");
             assert!(stage(&out, &dir.path().join("dest")).is_err());
@@ -904,7 +906,7 @@ mod tests {
                 },
             )]),
         };
-        fs::write(dir.path().join(MANIFEST), serde_json::to_vec(&manifest).unwrap()).unwrap();
+        fs::write(dir.path().join(SHARDS_JSON), serde_json::to_vec(&manifest).unwrap()).unwrap();
         let err = ShardSet::open(dir.path(), "train").err().unwrap().to_string();
         assert!(err.contains("train-000000.tar") && err.contains("train-000000001"), "{err}");
         let err = ShardSet::open(dir.path(), "val").err().unwrap().to_string();

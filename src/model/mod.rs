@@ -51,6 +51,21 @@ impl Arch {
             .into_iter()
             .find(|arch| arch.name() == name)
     }
+
+    /// Blocks per stage (`layer1` to `layer4`), as torchvision's constructors give them.
+    fn blocks(self) -> [usize; 4] {
+        match self {
+            Arch::Resnet18 => [2, 2, 2, 2],
+            Arch::Resnet34 | Arch::Resnet50 => [3, 4, 6, 3],
+            Arch::Resnet101 => [3, 4, 23, 3],
+            Arch::Resnet152 => [3, 8, 36, 3],
+        }
+    }
+
+    /// Bottleneck blocks (1x1, 3x3, 1x1) rather than BasicBlocks (two 3x3).
+    fn bottleneck(self) -> bool {
+        !matches!(self, Arch::Resnet18 | Arch::Resnet34)
+    }
 }
 
 impl std::fmt::Display for Arch {
@@ -123,16 +138,9 @@ impl Model {
             .map_err(|_| torch_err(tch::TchError::Convert("class count".into())))?;
         let vs = VarStore::new(device);
         let root = vs.root();
-        let (blocks, bottleneck) = match arch {
-            Arch::Resnet18 => ([2, 2, 2, 2], false),
-            Arch::Resnet34 => ([3, 4, 6, 3], false),
-            Arch::Resnet50 => ([3, 4, 6, 3], true),
-            Arch::Resnet101 => ([3, 4, 23, 3], true),
-            Arch::Resnet152 => ([3, 8, 36, 3], true),
-        };
         let hidden: Vec<i64> = head_hidden.iter().map(|&w| i64::try_from(w).unwrap_or(i64::MAX)).collect();
         let sync = SyncGroup::default();
-        let net = ResNet::new(&root, blocks, bottleneck, classes, &hidden, &sync);
+        let net = ResNet::new(&root, arch.blocks(), arch.bottleneck(), classes, &hidden, &sync);
         let model = Model {
             arch,
             num_classes,
@@ -201,6 +209,27 @@ impl Model {
                 let _ = tensor.set_requires_grad(false);
             }
         }
+    }
+
+    /// torchvision's `zero_init_residual`: the last BatchNorm scale of every residual block
+    /// (`bn2` of a BasicBlock, `bn3` of a Bottleneck) starts at zero, so each block starts as
+    /// the identity and the network as a shallow one (Goyal et al. 2017). Call before loading
+    /// starting weights, which replace it.
+    pub fn zero_init_residual(&self) -> Result<(), ModelError> {
+        let last_bn = if self.arch.bottleneck() { ".bn3.weight" } else { ".bn2.weight" };
+        tch::no_grad(|| {
+            for (name, mut tensor) in self.state_dict() {
+                if name.starts_with("layer") && name.ends_with(last_bn) {
+                    let _ = tensor.f_zero_()?;
+                }
+            }
+            Ok(())
+        })
+        .map_err(|source| ModelError::Torch {
+            arch: self.arch,
+            num_classes: self.num_classes,
+            source,
+        })
     }
 
     /// Stops gradients for everything but the classifier head.
@@ -343,6 +372,32 @@ mod tests {
         let std = weight.std(true).double_value(&[]);
         assert!((std - expected).abs() / expected < 0.02, "std {std} vs {expected}");
         assert_eq!(model.state_dict()["bn1.weight"].mean(Kind::Float).double_value(&[]), 1.0);
+    }
+
+    #[test]
+    fn zero_init_residual_zeroes_each_blocks_last_batchnorm_scale() {
+        // torchvision: Bottleneck's bn3, BasicBlock's bn2, in every block (8 in resnet18's
+        // [2, 2, 2, 2], 16 in resnet50's [3, 4, 6, 3]); nothing else changes.
+        for (arch, last, blocks) in [(Arch::Resnet18, "bn2", 8), (Arch::Resnet50, "bn3", 16)] {
+            tch::manual_seed(3);
+            let reference = Model::new(arch, 5, Device::Cpu).unwrap();
+            tch::manual_seed(3);
+            let model = Model::new(arch, 5, Device::Cpu).unwrap();
+            model.zero_init_residual().unwrap();
+            let reference = reference.state_dict();
+            let changed: Vec<String> = model
+                .state_dict()
+                .into_iter()
+                .filter(|(name, tensor)| !tensor.equal(&reference[name]))
+                .map(|(name, tensor)| {
+                    assert_eq!(tensor.abs().sum(Kind::Float).double_value(&[]), 0.0, "{name}");
+                    name
+                })
+                .collect();
+            assert_eq!(changed.len(), blocks, "{arch}: {changed:?}");
+            assert!(changed.iter().all(|name| name.ends_with(&format!(".{last}.weight"))), "{changed:?}");
+            assert!(changed.contains(&format!("layer4.1.{last}.weight")), "{changed:?}");
+        }
     }
 
     #[test]

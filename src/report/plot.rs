@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -137,15 +138,9 @@ fn draw_lines<DB: DrawingBackend>(
             .draw_series(LineSeries::new(s.points.iter().copied(), color.stroke_width(2)))
             .map_err(err)?
             .label(s.label.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            .legend(legend_swatch(color.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .draw()
-        .map_err(err)?;
+    draw_legend(&mut chart, SeriesLabelPosition::MiddleRight).map_err(err)?;
     area.present().map_err(err)
 }
 
@@ -192,14 +187,14 @@ fn draw_scaling<DB: DrawingBackend>(
         .draw_series(DashedLineSeries::new(ideal, 6, 4, gray.stroke_width(1)))
         .map_err(err)?
         .label("ideal (linear)")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], gray));
+        .legend(legend_swatch(gray.into()));
     let blue = RGBColor(70, 130, 180);
     let measured: Vec<(f64, f64)> = points.iter().map(|p| (p.ranks, p.images_per_second)).collect();
     chart
         .draw_series(LineSeries::new(measured.iter().copied(), blue.stroke_width(2)))
         .map_err(err)?
         .label("measured")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], blue.stroke_width(2)));
+        .legend(legend_swatch(blue.stroke_width(2)));
     chart
         .draw_series(points.iter().map(|p| {
             let label = format!("{:.0} img/s, {:.0}%", p.images_per_second, 100.0 * p.efficiency);
@@ -208,15 +203,27 @@ fn draw_scaling<DB: DrawingBackend>(
                 + Text::new(label, (-40, -20), ("sans-serif", 13))
         }))
         .map_err(err)?;
+    draw_legend(&mut chart, SeriesLabelPosition::UpperLeft).map_err(err)?;
+    area.present().map_err(err)
+}
+
+/// The legend's sample of a series: a short line in its style.
+fn legend_swatch(style: ShapeStyle) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+    move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style)
+}
+
+/// Every chart's legend: framed, on a translucent white box, at `position`.
+fn draw_legend<'a, DB: DrawingBackend + 'a>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    position: SeriesLabelPosition,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(position)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 14))
         .draw()
-        .map_err(err)?;
-    area.present().map_err(err)
 }
 
 /// The label of the log axis' tick at log10 value `v`: the power of ten it stands for, as a

@@ -66,7 +66,7 @@ pub enum RunDirError {
         dir.display()
     )]
     HasCheckpoints { dir: PathBuf },
-    #[error("run directory {} holds a shard set (its {} would be overwritten): choose another --run-dir", dir.display(), crate::data::shards::MANIFEST)]
+    #[error("run directory {} holds a shard set (its {} would be overwritten): choose another --run-dir", dir.display(), crate::data::shards::SHARDS_JSON)]
     HoldsShards { dir: PathBuf },
     #[error("{} already holds a run: choose another --out", dir.display())]
     HoldsRun { dir: PathBuf },

@@ -222,6 +222,9 @@ fn build_model(plan: &RunPlan, data: &Splits) -> Result<(Model, Option<StartingW
     let m = &plan.config.model;
     tch::manual_seed(i64::from_ne_bytes(plan.config.run.seed.to_ne_bytes()));
     let mut model = Model::with_head(m.arch, data.classes().len(), &m.head_hidden, plan.compute.device)?;
+    if m.zero_init_residual {
+        model.zero_init_residual()?;
+    }
     let starting = starting_weights(plan)?;
     if let Some(start) = &starting {
         let report = model.load_pretrained(&start.path)?;

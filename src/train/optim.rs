@@ -435,7 +435,7 @@ mod tests {
 
     #[test]
     fn state_round_trips() {
-        let config = Config::default().optim;
+        let config = OptimConfig { name: OptimKind::Sgd, ..Config::default().optim };
         let param = Tensor::from_slice(&[1.0f32, -2.0]).set_requires_grad(true);
         let mut optimizer = Optimizer::new(&config, vec![("w".into(), param.shallow_clone())]);
         let loss = (&param * &param).sum(tch::Kind::Float);
