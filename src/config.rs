@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -611,6 +612,11 @@ impl LoadedConfig {
             // metadata) are not configuration.
             .merge(Env::prefixed("RTRAIN_").filter(|key| key.as_str().contains("__")).split("__"))
             .merge(CommandLineOverrides::parse(overrides)?);
+        for warning in
+            misnamed_setting_variables(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()))
+        {
+            tracing::warn!("{warning}");
+        }
         let config: Config = figment.extract()?;
         config.validate()?;
         Ok(LoadedConfig { config, figment })
@@ -642,6 +648,47 @@ fn describe_origin(metadata: &Metadata) -> String {
         _ if metadata.name.contains("environment") => "environment (RTRAIN_*)".into(),
         _ => metadata.name.to_string(),
     }
+}
+
+/// `run.name` stays inside `run.dir`: empty (a generated name) or one normal path component.
+fn is_one_directory_name(name: &str) -> bool {
+    name.is_empty() || (!name.contains(['/', '\\']) && name != "." && name != "..")
+}
+
+/// A number as a person would write it in a config: `64`, `0.002`, `1e300` (not 301 digits).
+fn readable(value: f64) -> String {
+    if value != 0.0 && (value.abs() >= 1e9 || value.abs() < 1e-4) {
+        format!("{value:e}")
+    } else {
+        format!("{value}")
+    }
+}
+
+/// The configuration's sections, as `RTRAIN_SECTION__KEY` variables name them.
+const SECTIONS: [&str; 8] = ["run", "data", "model", "optim", "schedule", "train", "checkpoint", "dist"];
+
+/// Environment variables that look like settings but name none: `RTRAIN_OPTIM_LR` (one
+/// underscore after the section), which the environment layer would otherwise ignore
+/// silently. One message per variable, with the spelling that works. Other `RTRAIN_*`
+/// variables (image labels, build metadata, the entrypoint's) do not start with a section.
+fn misnamed_setting_variables(variables: impl Iterator<Item = String>) -> Vec<String> {
+    variables
+        .filter_map(|name| {
+            let rest = name.strip_prefix("RTRAIN_")?;
+            if rest.contains("__") {
+                return None;
+            }
+            let (section, key) = rest.split_once('_')?;
+            let section = section.to_ascii_lowercase();
+            SECTIONS.contains(&section.as_str()).then(|| {
+                format!(
+                    "environment variable {name} names no setting and is ignored; \
+                     did you mean RTRAIN_{}__{key}?",
+                    section.to_ascii_uppercase()
+                )
+            })
+        })
+        .collect()
 }
 
 /// Every leaf of a TOML document under its dotted key (`train.epochs`), rendered as TOML; empty
@@ -741,7 +788,80 @@ impl Config {
         check((0.0..1.0).contains(&t.label_smoothing), "train.label_smoothing", "must be in [0, 1)")?;
         check(t.log_every_steps > 0, "train.log_every_steps", "must be positive")?;
         check(self.checkpoint.keep_last > 0, "checkpoint.keep_last", "must be at least 1")?;
+        check(
+            is_one_directory_name(&self.run.name),
+            "run.name",
+            "must be one directory name under run.dir (no '/', '\\', '.' or '..'); use --run-dir for a path",
+        )?;
+        for (key, value, range) in self.numeric_settings() {
+            if !(value.is_finite() && range.contains(&value)) {
+                let (min, max) = (range.start(), range.end());
+                return Err(ConfigError::Invalid {
+                    key,
+                    problem: format!(
+                        "{} is outside [{}, {}]",
+                        readable(value),
+                        readable(*min),
+                        readable(*max)
+                    ),
+                });
+            }
+        }
         Ok(())
+    }
+
+    /// Every numeric setting (each element of a list setting under the list's key) with the
+    /// range that validation holds it to: wide enough for any real job, narrow enough that no
+    /// value inside fails later as a huge allocation, a `Duration` overflow or thousands of
+    /// threads. `run.seed` spans its whole type and is not listed. Finer rules (a positive
+    /// learning rate, `min <= max`) are the checks above.
+    pub fn numeric_settings(&self) -> Vec<(&'static str, f64, RangeInclusive<f64>)> {
+        let (d, m, o, s, t, c, n) =
+            (&self.data, &self.model, &self.optim, &self.schedule, &self.train, &self.checkpoint, &self.dist);
+        // Counts as f64: every range bound here is exact in an f64, and a count too large to
+        // be exact is outside every range anyway.
+        let count = |value: usize| value as f64;
+        let mut settings = vec![
+            ("data.image_size", f64::from(d.image_size), 16.0..=4096.0),
+            ("data.eval_resize", f64::from(d.eval_resize), 0.0..=8192.0),
+            ("data.batch_size", count(d.batch_size), 1.0..=65536.0),
+            ("data.eval_batch_size", count(d.eval_batch_size), 0.0..=65536.0),
+            ("data.prefetch", count(d.prefetch), 0.0..=64.0),
+            ("model.num_classes", count(m.num_classes), 0.0..=100_000.0),
+            ("optim.lr", o.lr, 0.0..=10.0),
+            ("optim.weight_decay", o.weight_decay, 0.0..=1.0),
+            ("optim.momentum", o.momentum, 0.0..=1.0),
+            ("optim.eps", o.eps, 0.0..=1.0),
+            ("schedule.warmup_epochs", s.warmup_epochs, 0.0..=100_000.0),
+            ("schedule.warmup_start_factor", s.warmup_start_factor, 0.0..=1.0),
+            ("schedule.min_lr", s.min_lr, 0.0..=10.0),
+            ("schedule.step_epochs", f64::from(s.step_epochs), 1.0..=100_000.0),
+            ("schedule.gamma", s.gamma, 0.0..=1.0),
+            ("schedule.factor", s.factor, 0.0..=1.0),
+            ("schedule.patience", f64::from(s.patience), 0.0..=100_000.0),
+            ("schedule.threshold", s.threshold, 0.0..=1e6),
+            ("schedule.cooldown", f64::from(s.cooldown), 0.0..=100_000.0),
+            ("train.epochs", f64::from(t.epochs), 1.0..=100_000.0),
+            ("train.label_smoothing", t.label_smoothing, 0.0..=1.0),
+            ("train.threads", count(t.threads), 0.0..=1024.0),
+            ("train.log_every_steps", t.log_every_steps as f64, 1.0..=1e12),
+            ("train.max_steps_per_epoch", t.max_steps_per_epoch as f64, 0.0..=1e12),
+            ("checkpoint.every_epochs", f64::from(c.every_epochs), 0.0..=100_000.0),
+            ("checkpoint.every_steps", c.every_steps as f64, 0.0..=1e12),
+            ("checkpoint.keep_last", count(c.keep_last), 1.0..=10_000.0),
+            ("dist.bucket_mb", n.bucket_mb, 0.0..=4096.0),
+            ("dist.poll_us", n.poll_us as f64, 0.0..=10_000_000.0),
+            // Up to a week; below a second a busy but healthy collective would be a "hang".
+            ("dist.timeout_s", n.timeout_s, 1.0..=604_800.0),
+        ];
+        if let Workers::Count(workers) = d.workers {
+            settings.push(("data.workers", count(workers), 0.0..=256.0));
+        }
+        settings.extend(d.scale.iter().map(|&v| ("data.scale", v, 0.0..=1.0)));
+        settings.extend(d.ratio.iter().map(|&v| ("data.ratio", v, 0.0..=100.0)));
+        settings.extend(m.head_hidden.iter().map(|&w| ("model.head_hidden", count(w), 1.0..=65536.0)));
+        settings.extend(o.betas.iter().map(|&v| ("optim.betas", v, 0.0..=1.0)));
+        settings
     }
 
     pub fn eval_resize(&self) -> u32 {
@@ -842,6 +962,37 @@ mod tests {
         std::fs::write(&path, toml).unwrap();
         let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
         LoadedConfig::load(Some(&path), &overrides)
+    }
+
+    #[test]
+    fn misnamed_setting_variables_are_those_that_start_with_a_section() {
+        let names =
+            ["RTRAIN_OPTIM_LR", "RTRAIN_TRAIN__EPOCHS", "RTRAIN_IMAGE_TAG", "RTRAIN_DIST_TIMEOUT_S", "HOME"];
+        let warnings = misnamed_setting_variables(names.into_iter().map(String::from));
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0].contains("RTRAIN_OPTIM__LR?"), "{warnings:?}");
+        assert!(warnings[1].contains("RTRAIN_DIST__TIMEOUT_S?"), "{warnings:?}");
+    }
+
+    #[test]
+    fn a_run_name_is_one_directory_name() {
+        for good in ["", "smoke", "resnet50-2026", "a.b", "..x"] {
+            assert!(is_one_directory_name(good), "{good}");
+        }
+        for bad in ["..", ".", "../x", "a/b", "/abs", "a\\b"] {
+            assert!(!is_one_directory_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_default_is_inside_its_range() {
+        let config = Config::default();
+        for (key, value, range) in config.numeric_settings() {
+            assert!(range.contains(&value), "{key} = {value} outside {range:?}");
+        }
+        assert_eq!(readable(1e300), "1e300");
+        assert_eq!(readable(604_800.0), "604800");
+        assert_eq!(readable(0.002), "0.002");
     }
 
     #[test]

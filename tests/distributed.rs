@@ -279,7 +279,9 @@ fn a_killed_rank_ends_the_job_and_the_run_resumes() {
     assert!(!status.success(), "mpirun reported success after a rank was killed");
     eprintln!("job ended {:.1} s after the kill", killed_at.elapsed().as_secs_f64());
     assert!(!run.join("summary.json").exists(), "the run cannot have finished");
-    let latest = rtrain::run_dir::RunPaths::new(&run).latest_valid_checkpoint().expect("a valid checkpoint");
+    let search = rtrain::run_dir::RunPaths::new(&run).latest_valid_checkpoint().expect("the checkpoints");
+    assert!(search.invalid.is_empty(), "a kill leaves no invalid checkpoint: {:?}", search.invalid);
+    let latest = search.valid.expect("a valid checkpoint");
     rtrain::run_dir::checkpoint::load(&latest, None).expect("the newest checkpoint loads");
 
     let mut resumed = mpirun(dir.path());

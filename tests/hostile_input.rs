@@ -97,15 +97,19 @@ fn a_checkpoint_with_a_flipped_byte_is_refused_skipped_and_not_rehashed() {
     assert!(!predict.status.success(), "predict used a corrupt checkpoint:\n{}", text(&predict.stdout));
     assert!(text(&predict.stderr).contains("step-000000004.safetensors"), "{}", text(&predict.stderr));
 
-    // Resume skips the corrupt newest for step 6, trains on (rewriting step 8), and leaves the
-    // corrupt step 4 as the manifest knew it, so that verify still finds it.
+    // Resume sets the corrupt newest aside (step-000000008.safetensors.invalid) for step 6,
+    // trains on (writing step 8 again), and leaves the corrupt step 4, older than the one it
+    // resumed from, as the manifest knew it, so that verify still finds it.
     let resumed = train(dir.path(), &data, &run, &["checkpoint.every_steps=2", "checkpoint.keep_last=10"])
         .args(["--resume", "auto"])
         .output()
         .unwrap();
     let resumed = common::assert_success(resumed, "resume");
     let stderr = text(&resumed.stderr);
-    assert!(stderr.contains("skipping") && stderr.contains("step-000000008.safetensors"), "{stderr}");
+    assert!(
+        stderr.contains("set aside as") && stderr.contains("step-000000008.safetensors.invalid"),
+        "{stderr}"
+    );
     let summary = json(&run.join("summary.json"));
     assert!(summary["resumed_from"].as_str().unwrap().ends_with("step-000000006.safetensors"), "{summary}");
     let verify = common::rtrain(dir.path()).arg("verify").arg(&run).output().unwrap();

@@ -40,12 +40,12 @@ pub enum CheckpointError {
     Metadata { path: PathBuf, source: serde_json::Error },
     #[error("{path}: checkpoint is for {found}, but this run is {expected}")]
     Mismatch { path: PathBuf, found: String, expected: String },
+    #[error("{}: names {named} classes but its model has {outputs} outputs: the file's metadata does not belong to its tensors", path.display())]
+    ClassCount { path: PathBuf, named: usize, outputs: usize },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
     Model(#[from] ModelError),
-    #[error("no valid checkpoint in {dir}")]
-    NoneFound { dir: PathBuf },
 }
 
 /// Where training stood when the checkpoint was taken.
@@ -194,8 +194,19 @@ fn parse_meta(path: &Path, metadata: &HashMap<String, String>) -> Result<Checkpo
             false => CheckpointError::NotACheckpoint { path: path.to_path_buf(), instead },
         });
     };
-    serde_json::from_str(json)
-        .map_err(|source| CheckpointError::Metadata { path: path.to_path_buf(), source })
+    let meta: CheckpointMeta = serde_json::from_str(json)
+        .map_err(|source| CheckpointError::Metadata { path: path.to_path_buf(), source })?;
+    check_class_names(path, meta.classes.len(), meta.num_classes)?;
+    Ok(meta)
+}
+
+/// A class name for every output of the model: a shorter list made `predict` index past it
+/// and a longer one printed names of classes the model never learnt.
+fn check_class_names(path: &Path, named: usize, outputs: usize) -> Result<(), CheckpointError> {
+    match named == outputs {
+        true => Ok(()),
+        false => Err(CheckpointError::ClassCount { path: path.to_path_buf(), named, outputs }),
+    }
 }
 
 fn display(path: PathBuf) -> String {
@@ -279,6 +290,7 @@ pub fn load_model(path: &Path) -> Result<(Model, WeightsMeta), CheckpointError> 
         }
         None => WeightsMeta::of_checkpoint(&parse_meta(path, &file.metadata)?),
     };
+    check_class_names(path, info.classes.len(), info.num_classes)?;
     check_finite(path, &file.tensors)?;
     let model = Model::with_head(info.arch, info.num_classes, &info.head_hidden, tch::Device::Cpu)?;
     model.restore(&file.tensors, path)?;

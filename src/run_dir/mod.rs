@@ -180,18 +180,32 @@ impl RunPaths {
     }
 
     /// The newest step checkpoint that reads back whole, matches its digest and holds only
-    /// finite values; others are skipped with a warning (a crash can only leave temporaries,
-    /// but a disk can still corrupt a finished file).
-    pub fn latest_valid_checkpoint(&self) -> Result<PathBuf, CheckpointError> {
+    /// finite values, and the newer ones that fail those checks, each with its error (a crash
+    /// can only leave temporaries, but a disk can still corrupt a finished file).
+    pub fn latest_valid_checkpoint(&self) -> Result<CheckpointSearch, CheckpointError> {
+        let mut invalid = Vec::new();
         for (_, path) in self.step_checkpoints()?.into_iter().rev() {
             match checkpoint::read_whole(&path) {
-                Ok(()) => return Ok(path),
-                Err(error) => tracing::warn!("skipping a checkpoint that fails its checks: {error}"),
+                Ok(()) => return Ok(CheckpointSearch { valid: Some(path), invalid }),
+                Err(error) => invalid.push((path, error)),
             }
         }
-        Err(CheckpointError::NoneFound { dir: self.checkpoints() })
+        Ok(CheckpointSearch { valid: None, invalid })
     }
 }
+
+/// What [`RunPaths::latest_valid_checkpoint`] found.
+#[derive(Debug)]
+pub struct CheckpointSearch {
+    pub valid: Option<PathBuf>,
+    /// Newer step checkpoints that failed their checks, newest first.
+    pub invalid: Vec<(PathBuf, CheckpointError)>,
+}
+
+/// What a step checkpoint that failed its checks is renamed to: out of the step pattern, so
+/// it neither outranks good checkpoints nor counts against `checkpoint.keep_last`, and kept
+/// for whoever wants to look at it.
+const SET_ASIDE_SUFFIX: &str = ".invalid";
 
 /// The run directory as training writes it. Holds rank 0's lock, open metrics log and
 /// manifest; on every other rank it holds nothing and writes nothing.
@@ -219,6 +233,7 @@ impl RunDir {
         let root = paths.root().to_path_buf();
         std::fs::create_dir_all(&root).map_err(|source| RunDirError::Io { path: root.clone(), source })?;
         let lock = take_lock(&paths)?;
+        remove_stale_temporaries(&paths)?;
         Ok(RunDir { paths, writer: Some(Writer { _lock: lock, metrics: None, manifest: None }) })
     }
 
@@ -250,14 +265,21 @@ impl RunDir {
         if !self.writes() {
             return Ok(None);
         }
-        match self.paths.latest_valid_checkpoint() {
-            Ok(path) => Ok(Some(path)),
-            Err(CheckpointError::NoneFound { .. }) => {
-                tracing::info!("no checkpoint in {} yet: starting fresh", self.paths.checkpoints().display());
-                Ok(None)
-            }
-            Err(other) => Err(other.into()),
+        let search = self.paths.latest_valid_checkpoint()?;
+        for (path, error) in search.invalid {
+            let mut aside = path.clone().into_os_string();
+            aside.push(SET_ASIDE_SUFFIX);
+            std::fs::rename(&path, &aside)
+                .map_err(|source| RunDirError::Io { path: path.clone(), source })?;
+            tracing::warn!("set aside as {} (not resumed from): {error}", Path::new(&aside).display());
         }
+        if search.valid.is_none() {
+            tracing::info!(
+                "no valid checkpoint in {} yet: starting fresh",
+                self.paths.checkpoints().display()
+            );
+        }
+        Ok(search.valid)
     }
 
     /// Rank 0's manifest: continued from the directory's own when resuming (keeping its start
@@ -403,6 +425,25 @@ impl RunDir {
     }
 }
 
+/// Removes what a trainer killed during a save left: the temporaries of atomic writes
+/// (`.tmp-XXXXXX`) in the run directory and `checkpoints/`. Called under the lock, so no live
+/// writer owns them; other files are never touched.
+fn remove_stale_temporaries(paths: &RunPaths) -> Result<(), RunDirError> {
+    for dir in [paths.root().to_path_buf(), paths.checkpoints()] {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let is_file = entry.file_type().is_ok_and(|kind| kind.is_file());
+            if is_file && files::is_stale_temporary(&entry.file_name()) {
+                let path = entry.path();
+                std::fs::remove_file(&path)
+                    .map_err(|source| RunDirError::Io { path: path.clone(), source })?;
+                tracing::warn!("removed {}, left by a run killed while saving", path.display());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Takes the run directory's lock, or names the trainer that holds it (as it wrote itself into
 /// the lock file).
 fn take_lock(paths: &RunPaths) -> Result<std::fs::File, RunDirError> {
@@ -502,9 +543,20 @@ mod tests {
         let newest = paths.step_checkpoint(100);
         let bytes = std::fs::read(&newest).unwrap();
         std::fs::write(&newest, &bytes[..bytes.len() - 8]).unwrap();
-        assert_eq!(paths.latest_valid_checkpoint().unwrap(), paths.step_checkpoint(15));
+        let search = paths.latest_valid_checkpoint().unwrap();
+        assert_eq!(search.valid, Some(paths.step_checkpoint(15)));
+        assert_eq!(search.invalid.len(), 1);
+        assert_eq!(search.invalid[0].0, newest);
         let empty = RunPaths::new(dir.path().join("empty"));
-        assert!(matches!(empty.latest_valid_checkpoint(), Err(CheckpointError::NoneFound { .. })));
+        let search = empty.latest_valid_checkpoint().unwrap();
+        assert!(search.valid.is_none() && search.invalid.is_empty());
+        // The writer sets the corrupt one aside, out of the step pattern, and resumes from 15.
+        let out = RunDir::open(paths.clone(), true).unwrap();
+        assert_eq!(out.auto_resume_checkpoint().unwrap(), Some(paths.step_checkpoint(15)));
+        assert!(!newest.exists());
+        assert!(paths.checkpoints().join("step-000000100.safetensors.invalid").exists());
+        let steps: Vec<u64> = paths.step_checkpoints().unwrap().into_iter().map(|(s, _)| s).collect();
+        assert_eq!(steps, [5, 15]);
     }
 
     #[test]

@@ -54,6 +54,21 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<String, FileError> {
     write_atomic_parts(path, &[bytes])
 }
 
+/// An atomic write's temporary file, beside its destination until the rename: `.tmp-` and
+/// six random letters or digits (tempfile's default length, fixed here because
+/// [`is_stale_temporary`] recognises the files by it).
+const TEMPORARY_PREFIX: &str = ".tmp-";
+const TEMPORARY_RANDOM_CHARS: usize = 6;
+
+/// Whether `name` is one of the temporaries [`write_atomic`] makes. A process killed between
+/// creating and renaming one leaves it behind; a directory's owner (under its lock) removes
+/// them, and only them.
+pub fn is_stale_temporary(name: &std::ffi::OsStr) -> bool {
+    name.to_str().and_then(|name| name.strip_prefix(TEMPORARY_PREFIX)).is_some_and(|random| {
+        random.len() == TEMPORARY_RANDOM_CHARS && random.bytes().all(|b| b.is_ascii_alphanumeric())
+    })
+}
+
 /// Writes the concatenation of `parts` to `path` atomically, as [`write_atomic`]; returns the
 /// sha256 of what it wrote (hashed from memory, so the file need not be read back for it).
 fn write_atomic_parts(path: &Path, parts: &[&[u8]]) -> Result<String, FileError> {
@@ -63,7 +78,11 @@ fn write_atomic_parts(path: &Path, parts: &[&[u8]]) -> Result<String, FileError>
         _ => Path::new("."),
     };
     std::fs::create_dir_all(dir).map_err(io)?;
-    let mut file = tempfile::Builder::new().prefix(".tmp-").tempfile_in(dir).map_err(io)?;
+    let mut file = tempfile::Builder::new()
+        .prefix(TEMPORARY_PREFIX)
+        .rand_bytes(TEMPORARY_RANDOM_CHARS)
+        .tempfile_in(dir)
+        .map_err(io)?;
     let mut hasher = Sha256::new();
     for part in parts {
         file.write_all(part).map_err(io)?;
@@ -292,6 +311,20 @@ pub fn sha256_file(path: &Path) -> Result<String, FileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_temporaries_it_makes_are_the_ones_it_recognises() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = tempfile::Builder::new()
+            .prefix(TEMPORARY_PREFIX)
+            .rand_bytes(TEMPORARY_RANDOM_CHARS)
+            .tempfile_in(dir.path())
+            .unwrap();
+        assert!(is_stale_temporary(file.path().file_name().unwrap()), "{}", file.path().display());
+        for other in [".tmp-Ab3", ".tmp-notes.txt", "a.tmp-Ab3xYz", ".tmp-Ab3xY-", ".tmp-Ab3xY\u{e9}"] {
+            assert!(!is_stale_temporary(std::ffi::OsStr::new(other)), "{other}");
+        }
+    }
 
     #[test]
     fn round_trip_with_metadata() {

@@ -1,0 +1,304 @@
+//! Untrusted input read safely: the cases of the issue "Untrusted files read safely: a hostile
+//! .pth, image, manifest or value never crashes, hangs, leaks memory or loses a run", through
+//! the real binary. Each failed on the code before it. This file holds the settings cases
+//! (values that passed validation and then crashed, a run name that escaped `run.dir`, a
+//! misspelt environment variable ignored in silence).
+
+mod common;
+
+use std::path::Path;
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `rtrain config show --set KEY=VALUE`: the configuration is loaded and validated exactly as
+/// `train` loads it, and nothing runs.
+fn show_with(dir: &Path, setting: &str) -> std::process::Output {
+    common::rtrain(dir).args(["config", "show", "--set", setting]).output().unwrap()
+}
+
+/// A value far outside any sane range for each numeric setting in `configs/default.toml` (the
+/// file every key must be documented in): a float of 1e300, an integer of 10^13, which a u32
+/// setting cannot even hold, each element of a list.
+fn far_outside(value: &toml::Value) -> Option<String> {
+    match value {
+        toml::Value::Float(_) => Some("1e300".into()),
+        toml::Value::Integer(_) => Some("10000000000000".into()),
+        toml::Value::Array(items) if !items.is_empty() => {
+            let each: Option<Vec<String>> = items.iter().map(far_outside).collect();
+            each.map(|each| format!("[{}]", each.join(", ")))
+        }
+        _ => None,
+    }
+}
+
+/// Case 10: every numeric setting has a range that validation enforces. `data.prefetch =
+/// 100000000` aborted on a 10.4 GB allocation, `model.head_hidden = [100000000]` panicked in
+/// tch, `dist.timeout_s = 1e300` panicked converting to a Duration, and `dist.timeout_s =
+/// 1e-9`, `data.workers = 2000`, `train.threads = 2000` and `data.image_size = 100000` passed
+/// and failed later. Each is refused before anything runs: exit 2, naming the key.
+#[test]
+fn every_numeric_setting_refuses_a_value_far_outside_its_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let defaults: toml::Table =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/default.toml"))
+            .unwrap()
+            .parse()
+            .unwrap();
+    let mut cases: Vec<(String, String)> = Vec::new();
+    for (section, table) in &defaults {
+        for (key, value) in table.as_table().unwrap() {
+            let key = format!("{section}.{key}");
+            // The seed spans its whole type: every u64 is a seed.
+            if key == "run.seed" {
+                continue;
+            }
+            if let Some(value) = far_outside(value) {
+                cases.push((key, value));
+            }
+        }
+    }
+    assert!(cases.len() >= 33, "numeric settings found in configs/default.toml: {cases:?}");
+    // The issue's own values, and settings that are not numbers by default ("auto", []).
+    for (key, value) in [
+        ("data.prefetch", "100000000"),
+        ("model.head_hidden", "[100000000]"),
+        ("dist.timeout_s", "1e300"),
+        ("dist.timeout_s", "1e-9"),
+        ("data.workers", "2000"),
+        ("train.threads", "2000"),
+        ("data.image_size", "100000"),
+        ("optim.lr", "-1"),
+    ] {
+        cases.push((key.into(), value.into()));
+    }
+    let mut wrong = Vec::new();
+    for (key, value) in &cases {
+        let output = show_with(dir.path(), &format!("{key}={value}"));
+        let stderr = text(&output.stderr);
+        if output.status.code() != Some(2) || !stderr.contains(key.as_str()) {
+            wrong.push(format!("{key}={value}: exit {:?}, {stderr}", output.status.code()));
+        }
+    }
+    assert!(wrong.is_empty(), "accepted or refused without naming the key:\n{}", wrong.join("\n"));
+    // The message gives the range, readably.
+    let output = show_with(dir.path(), "data.prefetch=100000000");
+    assert!(
+        text(&output.stderr).contains("data.prefetch: 100000000 is outside [0, 64]"),
+        "{}",
+        text(&output.stderr)
+    );
+    let output = show_with(dir.path(), "dist.timeout_s=1e300");
+    assert!(text(&output.stderr).contains("1e300 is outside [1, 604800]"), "{}", text(&output.stderr));
+    // And the edges of a range are accepted.
+    for setting in ["data.prefetch=64", "dist.timeout_s=1", "train.threads=1024", "data.image_size=4096"] {
+        let output = show_with(dir.path(), setting);
+        assert!(output.status.success(), "{setting}: {}", text(&output.stderr));
+    }
+}
+
+/// Case 11: `run.name = "../../x"` wrote the run outside `run.dir`. A name is one directory
+/// name; a path is what `--run-dir` is for.
+#[test]
+fn a_run_name_cannot_leave_the_run_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["../../x", "a/b", "..", "."] {
+        let output = common::rtrain(dir.path())
+            .args(["train", "--set", &format!("run.name={name:?}"), "--set", "train.epochs=1"])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "run.name = {name:?}: {}", text(&output.stderr));
+        assert!(text(&output.stderr).contains("run.name"), "{}", text(&output.stderr));
+    }
+    assert!(!dir.path().join("runs").exists() && !dir.path().parent().unwrap().join("x").exists());
+}
+
+/// Case 11: `RTRAIN_OPTIM_LR` (one underscore) was ignored in silence. It is still not a
+/// setting (the layer reads `RTRAIN_SECTION__KEY`), but the run says so and how to spell it;
+/// other `RTRAIN_*` variables (the image's labels, the entrypoint's) get no warning.
+#[test]
+fn a_misspelt_setting_variable_is_named_with_its_correct_spelling() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = common::rtrain(dir.path())
+        .args(["config", "show"])
+        .env("RTRAIN_OPTIM_LR", "0.5")
+        .env("RTRAIN_IMAGE_TAG", "rtrain:1")
+        .env("RTRAIN_TRAIN__EPOCHS", "3")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("RTRAIN_OPTIM_LR") && stderr.contains("RTRAIN_OPTIM__LR"), "{stderr}");
+    assert!(!stderr.contains("RTRAIN_IMAGE_TAG") && !stderr.contains("RTRAIN_TRAIN__EPOCHS"), "{stderr}");
+    let stdout = text(&output.stdout);
+    assert!(stdout.contains("epochs = 3  # environment"), "{stdout}");
+    assert!(stdout.contains("lr = 0.002  # default"), "{stdout}");
+}
+
+/// Case 16: a weights file whose class list is shorter than the model's outputs made `predict`
+/// panic ("index out of bounds: the len is 1 but the index is 3"), and a longer one would have
+/// printed names of classes the model never learnt. The file is refused, named, with exit 1.
+#[test]
+fn weights_whose_class_names_do_not_match_the_outputs_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let run = dir.path().join("run");
+    let settings = [
+        format!("data.root={:?}", data.display().to_string()),
+        "data.image_size=32".into(),
+        "data.batch_size=8".into(),
+        "train.epochs=1".into(),
+        "train.threads=1".into(),
+    ];
+    common::rtrain(dir.path())
+        .arg("train")
+        .arg("--run-dir")
+        .arg(&run)
+        .args(settings.iter().flat_map(|s| ["--set".to_string(), s.clone()]))
+        .assert()
+        .success();
+    let image = std::fs::read_dir(data.join("val"))
+        .unwrap()
+        .flat_map(|class| std::fs::read_dir(class.unwrap().path()).unwrap())
+        .map(|entry| entry.unwrap().path())
+        .next()
+        .unwrap();
+    let weights = run.join("model.safetensors");
+    let file = rtrain::util::files::read_safetensors(&weights).unwrap();
+    for kept in [1, 5] {
+        let mut metadata = file.metadata.clone();
+        let mut meta: serde_json::Value = serde_json::from_str(&metadata["rtrain.weights"]).unwrap();
+        let classes: Vec<String> = (0..kept).map(|i| format!("class{i}")).collect();
+        meta["classes"] = serde_json::json!(classes);
+        metadata.insert("rtrain.weights".into(), meta.to_string());
+        let altered = dir.path().join(format!("altered-{kept}.safetensors"));
+        let tensors: Vec<(String, tch::Tensor)> =
+            file.tensors.iter().map(|(name, tensor)| (name.clone(), tensor.shallow_clone())).collect();
+        rtrain::util::files::write_safetensors(&altered, &tensors, Some(metadata)).unwrap();
+        let output = common::rtrain(dir.path())
+            .args(["predict", "--set", "data.image_size=32", "--checkpoint"])
+            .arg(&altered)
+            .arg(&image)
+            .output()
+            .unwrap();
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{kept} class names: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "altered-{kept}.safetensors: names {kept} classes but its model has 4 outputs"
+            )),
+            "{stderr}"
+        );
+    }
+    // The untouched file still predicts.
+    let output = common::rtrain(dir.path())
+        .args(["predict", "--checkpoint"])
+        .arg(&weights)
+        .arg(&image)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+}
+
+/// Case 15: a SIGKILL during a save left `checkpoints/.tmp-XXXXXX` for ever. The trainer that
+/// next takes the run directory's lock removes the temporaries of atomic writes (by their exact
+/// name pattern) and nothing else.
+#[test]
+fn temporaries_of_a_killed_save_are_removed_under_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(run.join("checkpoints")).unwrap();
+    let stale = [run.join(".tmp-Ab3xYz"), run.join("checkpoints/.tmp-0a9ZQk")];
+    let kept = [run.join(".tmp-notes.txt"), run.join("checkpoints/.tmp-Ab3"), run.join("my.tmp-Ab3xYz")];
+    for path in stale.iter().chain(&kept) {
+        std::fs::write(path, b"partial").unwrap();
+    }
+    let output = common::rtrain(dir.path())
+        .arg("train")
+        .arg("--run-dir")
+        .arg(&run)
+        .args(["--set", &format!("data.root={:?}", data.display().to_string())])
+        .args(["--set", "data.image_size=32", "--set", "data.batch_size=8", "--set", "train.epochs=1"])
+        .args(["--set", "train.threads=1"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    for path in &stale {
+        assert!(!path.exists(), "{} is still there", path.display());
+        assert!(text(&output.stderr).contains(&path.display().to_string()), "{}", text(&output.stderr));
+    }
+    for path in &kept {
+        assert!(path.exists(), "{} was removed", path.display());
+    }
+    assert!(run.join("model.safetensors").exists());
+}
+
+/// Case 13: `--resume auto` when every step checkpoint is corrupt warned and started fresh,
+/// then `checkpoint.keep_last` deleted the new checkpoints, because the corrupt ones sorted as
+/// newer, and the run failed at its end. The corrupt files are set aside (renamed
+/// `*.invalid`, named in the log) before anything else, so they never outrank good ones.
+#[test]
+fn corrupt_checkpoints_are_set_aside_and_never_outrank_new_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 8, 2, 32);
+    let run = dir.path().join("run");
+    let train = |extra: &[&str]| {
+        common::rtrain(dir.path())
+            .arg("train")
+            .arg("--run-dir")
+            .arg(&run)
+            .args(["--set", &format!("data.root={:?}", data.display().to_string())])
+            .args(["--set", "data.image_size=32", "--set", "data.batch_size=8", "--set", "train.epochs=1"])
+            .args([
+                "--set",
+                "train.threads=1",
+                "--set",
+                "checkpoint.every_steps=1",
+                "--set",
+                "checkpoint.keep_last=2",
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let first = train(&[]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let checkpoints = run.join("checkpoints");
+    let steps = |dir: &Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("step-"))
+            .collect();
+        names.sort();
+        names
+    };
+    let before = steps(&checkpoints);
+    assert_eq!(before, ["step-000000003.safetensors", "step-000000004.safetensors"]);
+    for name in &before {
+        // Truncated: the digest and the safetensors header no longer hold.
+        let path = checkpoints.join(name);
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    }
+    let second = train(&["--resume", "auto"]);
+    let stderr = text(&second.stderr);
+    assert!(second.status.success(), "{stderr}");
+    assert!(stderr.contains("step-000000004.safetensors.invalid"), "{stderr}");
+    assert_eq!(
+        steps(&checkpoints),
+        [
+            "step-000000003.safetensors",
+            "step-000000003.safetensors.invalid",
+            "step-000000004.safetensors",
+            "step-000000004.safetensors.invalid"
+        ]
+    );
+    // The new step checkpoints are whole: a third run resumes from the newest (and has nothing
+    // left to train).
+    let third = train(&["--resume", "auto"]);
+    assert!(third.status.success(), "{}", text(&third.stderr));
+    assert!(!text(&third.stderr).contains("set aside"), "{}", text(&third.stderr));
+}
