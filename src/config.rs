@@ -664,14 +664,18 @@ fn readable(value: f64) -> String {
     }
 }
 
-/// The configuration's sections, as `RTRAIN_SECTION__KEY` variables name them.
-const SECTIONS: [&str; 8] = ["run", "data", "model", "optim", "schedule", "train", "checkpoint", "dist"];
-
 /// Environment variables that look like settings but name none: `RTRAIN_OPTIM_LR` (one
 /// underscore after the section), which the environment layer would otherwise ignore
 /// silently. One message per variable, with the spelling that works. Other `RTRAIN_*`
 /// variables (image labels, build metadata, the entrypoint's) do not start with a section.
 fn misnamed_setting_variables(variables: impl Iterator<Item = String>) -> Vec<String> {
+    // The sections as the configuration serialises them (`run`, `data`, ...), not a copy.
+    let sections: Vec<String> = Config::default()
+        .to_toml()
+        .ok()
+        .and_then(|text| text.parse::<toml::Table>().ok())
+        .map(|table| table.keys().cloned().collect())
+        .unwrap_or_default();
     variables
         .filter_map(|name| {
             let rest = name.strip_prefix("RTRAIN_")?;
@@ -680,7 +684,7 @@ fn misnamed_setting_variables(variables: impl Iterator<Item = String>) -> Vec<St
             }
             let (section, key) = rest.split_once('_')?;
             let section = section.to_ascii_lowercase();
-            SECTIONS.contains(&section.as_str()).then(|| {
+            sections.contains(&section).then(|| {
                 format!(
                     "environment variable {name} names no setting and is ignored; \
                      did you mean RTRAIN_{}__{key}?",

@@ -279,8 +279,12 @@ pub fn load(path: &Path, expect: Option<(Arch, usize)>) -> Result<Checkpoint, Ch
 pub fn load_model(path: &Path) -> Result<(Model, WeightsMeta), CheckpointError> {
     let file = files::read_safetensors(path)?;
     let info = match file.metadata.get(WEIGHTS_METADATA_KEY) {
-        Some(json) => serde_json::from_str::<WeightsMeta>(json)
-            .map_err(|source| CheckpointError::Metadata { path: path.to_path_buf(), source })?,
+        Some(json) => {
+            let info = serde_json::from_str::<WeightsMeta>(json)
+                .map_err(|source| CheckpointError::Metadata { path: path.to_path_buf(), source })?;
+            check_class_names(path, info.classes.len(), info.num_classes)?;
+            info
+        }
         None if !file.metadata.contains_key(METADATA_KEY) => {
             let instead = usable_file_near(path).map_or_else(
                 || "an rtrain run's model.safetensors or checkpoints/*.safetensors".to_string(),
@@ -290,7 +294,6 @@ pub fn load_model(path: &Path) -> Result<(Model, WeightsMeta), CheckpointError> 
         }
         None => WeightsMeta::of_checkpoint(&parse_meta(path, &file.metadata)?),
     };
-    check_class_names(path, info.classes.len(), info.num_classes)?;
     check_finite(path, &file.tensors)?;
     let model = Model::with_head(info.arch, info.num_classes, &info.head_hidden, tch::Device::Cpu)?;
     model.restore(&file.tensors, path)?;
