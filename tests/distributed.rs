@@ -476,7 +476,7 @@ fn compressed_gradients_are_the_mean_rounded_to_the_wire_format() {
 #[test]
 fn fashion_mnist_learns_as_well_with_bf16_gradients_on_the_wire() {
     let dir = tempfile::tempdir().unwrap();
-    let data = common::fashion_mnist_subset(dir.path());
+    let data = common::fashion_mnist_subset(dir.path(), 3000);
     let mut top1 = Vec::new();
     for wire in ["none", "bf16"] {
         let mut job = mpirun(dir.path());

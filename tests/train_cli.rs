@@ -53,11 +53,14 @@ fn epoch_losses(run_dir: &Path) -> Vec<f64> {
 
 /// Real photos (a Fashion-MNIST subset): the model learns (top-1 >= 0.75) in fp32, and bf16
 /// autocast with channels-last reaches the same accuracy within 0.03 along a close loss curve.
+/// Two thirds of the documented subset for 3 of its 4 epochs: on a CPU without native bf16
+/// (AVX2), autocast emulates it at a quarter of fp32's speed, and this test was CI's longest.
+/// Measured there (AVX2 kernels): top-1 0.788 fp32, 0.799 bf16; epoch losses within 7%.
 #[cfg(feature = "test-reference")]
 #[test]
 fn fashion_mnist_subset_learns_in_fp32_and_bf16_alike() {
     let dir = tempfile::tempdir().unwrap();
-    let data = common::fashion_mnist_subset(dir.path());
+    let data = common::fashion_mnist_subset(dir.path(), 2000);
     let mut results = Vec::new();
     for (precision, channels_last) in [("fp32", "false"), ("bf16", "true")] {
         let run = dir.path().join(precision);
@@ -70,6 +73,7 @@ fn fashion_mnist_subset_learns_in_fp32_and_bf16_alike() {
             .arg(format!("train.precision={precision}"))
             .arg("--set")
             .arg(format!("train.channels_last={channels_last}"))
+            .args(["--set", "train.epochs=3"])
             .arg("--run-dir")
             .arg(&run)
             .assert()
@@ -88,7 +92,7 @@ fn fashion_mnist_subset_learns_in_fp32_and_bf16_alike() {
     let (fp32, bf16) = (&results[0], &results[1]);
     assert!(fp32.0 >= 0.75, "fp32 validation top-1 {} < 0.75", fp32.0);
     assert!((fp32.0 - bf16.0).abs() <= 0.03, "top-1 fp32 {} vs bf16 {}", fp32.0, bf16.0);
-    assert_eq!(fp32.1.len(), 4);
+    assert_eq!(fp32.1.len(), 3);
     for (epoch, (a, b)) in fp32.1.iter().zip(&bf16.1).enumerate() {
         assert!((a - b).abs() <= 0.15 * a, "epoch {epoch} train loss fp32 {a} vs bf16 {b}");
     }

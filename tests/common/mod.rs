@@ -53,11 +53,13 @@ pub fn fashion_mnist(file: &str) -> PathBuf {
 }
 
 /// The Fashion-MNIST subset the learning tests train on, imported to `dir/fmnist`: the first
-/// 3,000 training and 1,000 test images.
-pub fn fashion_mnist_subset(dir: &Path) -> PathBuf {
+/// `train_images` training images (configs/fashion-mnist.toml documents 3,000) and 1,000 test
+/// images.
+pub fn fashion_mnist_subset(dir: &Path, train_images: usize) -> PathBuf {
     let data = dir.join("fmnist");
+    let train_limit = train_images.to_string();
     for (images, labels, split, limit) in [
-        ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "train", "3000"),
+        ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "train", train_limit.as_str()),
         ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", "val", "1000"),
     ] {
         rtrain(dir)
