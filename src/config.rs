@@ -199,6 +199,9 @@ pub struct DataConfig {
     /// Turn photos upright as their Exif orientation tag says (every photo viewer does);
     /// torchvision's ImageFolder ignores the tag (false keeps its parity).
     pub exif_orientation: bool,
+    /// An image whose header declares more pixels is refused unread, as a bad sample
+    /// (`on_bad_sample`): Pillow's decompression-bomb limit by default.
+    pub max_image_pixels: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -456,6 +459,7 @@ impl Default for DataConfig {
             drop_last: true,
             jpeg_draft: true,
             exif_orientation: true,
+            max_image_pixels: crate::data::decode::DEFAULT_MAX_IMAGE_PIXELS,
         }
     }
 }
@@ -831,6 +835,9 @@ impl Config {
             ("data.batch_size", count(d.batch_size), 1.0..=65536.0),
             ("data.eval_batch_size", count(d.eval_batch_size), 0.0..=65536.0),
             ("data.prefetch", count(d.prefetch), 0.0..=64.0),
+            // Up to 2^36 pixels (a 262144 x 262144 image): far beyond any photo, and still a
+            // bound on what one header can make rtrain allocate.
+            ("data.max_image_pixels", d.max_image_pixels as f64, 1.0..=68_719_476_736.0),
             ("model.num_classes", count(m.num_classes), 0.0..=100_000.0),
             ("optim.lr", o.lr, 0.0..=10.0),
             ("optim.weight_decay", o.weight_decay, 0.0..=1.0),

@@ -139,6 +139,7 @@ impl RunPlan {
             normalize: d.normalize,
             jpeg_draft: d.jpeg_draft,
             exif_orientation: d.exif_orientation,
+            max_image_pixels: d.max_image_pixels,
         }
     }
 
@@ -157,6 +158,7 @@ impl RunPlan {
             normalize: d.normalize,
             jpeg_draft: d.jpeg_draft,
             exif_orientation: d.exif_orientation,
+            max_image_pixels: d.max_image_pixels,
         }
     }
 

@@ -8,13 +8,14 @@ use serde::Serialize;
 use tch::{Kind, Tensor};
 
 use crate::config::Config;
-use crate::data::decode::DecodeError;
+use crate::data::decode::{DecodeError, MAX_IMAGE_FILE_BYTES};
 use crate::data::loader::transform_encoded;
 use crate::data::transforms::{self, Transform};
 use crate::model::precision::Compute;
 use crate::model::Model;
 use crate::plan::RunPlan;
 use crate::run_dir::checkpoint::{self, CheckpointError};
+use crate::util::files::read_regular;
 use crate::util::shim::ShimError;
 
 #[derive(Debug, thiserror::Error)]
@@ -57,8 +58,8 @@ pub struct Classifier<'a> {
 impl Classifier<'_> {
     /// The `top` most likely classes of the image file at `path`.
     pub fn classify(&self, path: &Path, top: usize) -> Result<Prediction, PredictError> {
-        let bytes =
-            std::fs::read(path).map_err(|source| PredictError::Read { path: path.to_path_buf(), source })?;
+        let bytes = read_regular(path, MAX_IMAGE_FILE_BYTES)
+            .map_err(|source| PredictError::Read { path: path.to_path_buf(), source })?;
         let size = i64::from(self.image_size);
         let mut pixels = vec![0f32; 3 * (size * size) as usize];
         let mut rng = transforms::sample_rng(0, 0, 0);

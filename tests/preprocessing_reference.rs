@@ -9,13 +9,18 @@
 mod common;
 
 use rand::{Rng, SeedableRng};
-use rtrain::data::decode::{decode, decode_region, decode_request, decode_whole, Request};
+use rtrain::data::decode::{
+    decode, decode_region, decode_request, decode_whole, DecodeOptions, Request, DEFAULT_MAX_IMAGE_PIXELS,
+};
 use rtrain::data::ingest::photos::KINDS;
 use rtrain::data::ingest::synth::photo;
 use rtrain::data::loader::transform_encoded;
 use rtrain::data::transforms::{sample_rng, Augment, Crop, DrawnTransform, Geometry, Transform};
 use rtrain::util::files::read_safetensors;
 use tch::Tensor;
+
+/// Photos shown upright by their Exif orientation, at the default pixel limit.
+const UPRIGHT: DecodeOptions = DecodeOptions { exif_orientation: true, max_pixels: DEFAULT_MAX_IMAGE_PIXELS };
 
 #[derive(serde::Deserialize)]
 struct Case {
@@ -125,7 +130,7 @@ fn decoding_and_transforms_match_torchvision_and_pillow_exactly() {
 
 /// A transform without normalisation (values are 8-bit levels / 255), draft decoding on or off.
 fn unnormalised(size: u32, geometry: Geometry, jpeg_draft: bool) -> Transform {
-    Transform { size, policy: None, geometry, normalize: false, jpeg_draft, exif_orientation: false }
+    Transform { geometry, normalize: false, jpeg_draft, ..Transform::eval(size, size) }
 }
 
 /// The largest and the mean difference between two outputs, in 8-bit levels.
@@ -249,7 +254,7 @@ fn exif_orientation_matches_pillows_exif_transpose_for_all_eight_values() {
     let expected = read_safetensors(&dir.path().join("expected.safetensors")).unwrap().tensors;
     for value in 1..=8 {
         let bytes = std::fs::read(dir.path().join(format!("orientation-{value}.jpg"))).unwrap();
-        let upright = decode_whole(&bytes, true, |_, _| 1).unwrap();
+        let upright = decode_whole(&bytes, UPRIGHT, |_, _| 1).unwrap();
         let theirs = &expected[&format!("upright/{value}")];
         assert_eq!(
             [i64::from(upright.height()), i64::from(upright.width()), 3],
@@ -263,7 +268,7 @@ fn exif_orientation_matches_pillows_exif_transpose_for_all_eight_values() {
         ]);
         assert!(ours.equal(theirs), "orientation {value}: pixels differ from exif_transpose");
         // Stored as written: the tag ignored.
-        let stored = decode_whole(&bytes, false, |_, _| 1).unwrap();
+        let stored = decode_whole(&bytes, DecodeOptions::default(), |_, _| 1).unwrap();
         assert_eq!(stored.dimensions(), (60, 36), "orientation {value}");
 
         let resize = Transform {
@@ -279,7 +284,7 @@ fn exif_orientation_matches_pillows_exif_transpose_for_all_eight_values() {
         );
 
         let mut plan = None;
-        let region = decode_request(&bytes, true, |_, _| {
+        let region = decode_request(&bytes, UPRIGHT, |_, _| {
             let drawn =
                 DrawnTransform::resized_crop(Crop { top: 3, left: 5, height: 20, width: 14 }, 16, false);
             let rect = drawn.source().unwrap();

@@ -2,7 +2,8 @@
 //! .pth, image, manifest or value never crashes, hangs, leaks memory or loses a run", through
 //! the real binary. Each failed on the code before it. This file holds the settings cases
 //! (values that passed validation and then crashed, a run name that escaped `run.dir`, a
-//! misspelt environment variable ignored in silence).
+//! misspelt environment variable ignored in silence), run directories and checkpoints, and
+//! images whose header declares more pixels than anyone photographs.
 
 mod common;
 
@@ -301,4 +302,170 @@ fn corrupt_checkpoints_are_set_aside_and_never_outrank_new_ones() {
     let third = train(&["--resume", "auto"]);
     assert!(third.status.success(), "{}", text(&third.stderr));
     assert!(!text(&third.stderr).contains("set aside"), "{}", text(&third.stderr));
+}
+
+/// The first image file under `dir` (class folders), in name order.
+fn first_image(dir: &Path) -> std::path::PathBuf {
+    let mut classes: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    classes.sort();
+    let mut images: Vec<_> = std::fs::read_dir(&classes[0]).unwrap().map(|e| e.unwrap().path()).collect();
+    images.sort();
+    images.swap_remove(0)
+}
+
+/// Rewrites the size in a baseline JPEG's frame header (SOF0: marker, length, precision,
+/// height, width), leaving every other byte as it was: a small file that declares a huge image.
+fn declare_jpeg_size(path: &Path, width: u16, height: u16) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let sof = bytes.windows(2).position(|w| w == [0xFF, 0xC0]).expect("a baseline JPEG (SOF0)");
+    bytes[sof + 5..sof + 7].copy_from_slice(&height.to_be_bytes());
+    bytes[sof + 7..sof + 9].copy_from_slice(&width.to_be_bytes());
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Case 8: a JPEG of a few hundred bytes declaring 65500x65500 pixels aborted the process
+/// ("memory allocation of 10238338683 bytes failed") in training, even with `on_bad_sample =
+/// "skip"`, and in `predict`. The header's size is checked against `data.max_image_pixels`
+/// before a pixel is decoded: the file fails the run naming it, or is skipped and counted, and
+/// `predict` reports it for that file.
+#[test]
+fn an_image_declaring_billions_of_pixels_is_a_bad_sample_refused_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let bomb = first_image(&data.join("train"));
+    declare_jpeg_size(&bomb, 65500, 65500);
+    let train = |run: &str, on_bad_sample: &str| {
+        common::rtrain(dir.path())
+            .args(["train", "--run-dir", run])
+            .args(["--set", &format!("data.root={:?}", data.display().to_string())])
+            .args(["--set", "data.image_size=32", "--set", "data.batch_size=4", "--set", "train.epochs=1"])
+            .args(["--set", "train.threads=1", "--set", &format!("data.on_bad_sample={on_bad_sample:?}")])
+            .output()
+            .unwrap()
+    };
+    let failed = train("fail", "fail");
+    let stderr = text(&failed.stderr);
+    assert_eq!(failed.status.code(), Some(1), "{stderr}");
+    let refusal = "65500x65500 is 4290250000 pixels, above the limit of 178956970 (data.max_image_pixels)";
+    assert!(stderr.contains(&bomb.display().to_string()) && stderr.contains(refusal), "{stderr}");
+
+    let skipped = train("skip", "skip");
+    let stderr = text(&skipped.stderr);
+    assert!(skipped.status.success(), "{stderr}");
+    assert!(stderr.contains("skipped 1 undecodable training samples"), "{stderr}");
+
+    let output = common::rtrain(dir.path())
+        .args(["predict", "--set", "data.image_size=32", "--checkpoint"])
+        .arg(dir.path().join("skip/model.safetensors"))
+        .arg(&bomb)
+        .output()
+        .unwrap();
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&bomb.display().to_string()) && stderr.contains(refusal), "{stderr}");
+}
+
+/// Case 7: a FIFO named `zz.jpg` in a class folder hung training while the data files were
+/// hashed, and `zz.jpg -> /dev/zero` was read for ever; `predict` hung on a FIFO and read
+/// `/dev/zero` until memory ran out. Only regular files are images: the run is refused naming
+/// the file and what it is, and `predict` reports each such file, all without waiting.
+#[test]
+fn a_fifo_or_a_device_is_never_read_as_an_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let class = first_image(&data.join("train")).parent().unwrap().to_path_buf();
+    let planted = class.join("zz.jpg");
+    let train = |run: &str| {
+        common::rtrain(dir.path())
+            .args(["train", "--run-dir", run])
+            .args(["--set", &format!("data.root={:?}", data.display().to_string())])
+            .args(["--set", "data.image_size=32", "--set", "data.batch_size=4", "--set", "train.epochs=1"])
+            .args(["--set", "train.threads=1"])
+            .timeout(std::time::Duration::from_secs(120))
+            .output()
+            .unwrap()
+    };
+    let mkfifo =
+        |path: &Path| assert!(std::process::Command::new("mkfifo").arg(path).status().unwrap().success());
+    mkfifo(&planted);
+    let fifo = train("fifo");
+    let stderr = text(&fifo.stderr);
+    assert_eq!(fifo.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("{} is a FIFO, not a regular file", planted.display())), "{stderr}");
+    std::fs::remove_file(&planted).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &planted).unwrap();
+    let zero = train("zero");
+    let stderr = text(&zero.stderr);
+    assert_eq!(zero.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{} is a character device, not a regular file", planted.display())),
+        "{stderr}"
+    );
+    std::fs::remove_file(&planted).unwrap();
+    assert!(train("clean").status.success());
+
+    let pipe = dir.path().join("pipe.jpg");
+    mkfifo(&pipe);
+    for (path, what) in [(pipe.as_path(), "a FIFO"), (Path::new("/dev/zero"), "a character device")] {
+        let output = common::rtrain(dir.path())
+            .args(["predict", "--set", "data.image_size=32", "--checkpoint"])
+            .arg(dir.path().join("clean/model.safetensors"))
+            .arg(path)
+            .timeout(std::time::Duration::from_secs(60))
+            .output()
+            .unwrap();
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{}: {stderr}", path.display());
+        let refusal = format!("{}: cannot read image: {what}, not a regular file", path.display());
+        assert!(stderr.contains(&refusal), "{stderr}");
+    }
+}
+
+/// Case 12: `--resume PATH` with another run's checkpoint into a fresh run directory trained to
+/// the end and then failed ("best.safetensors: No such file or directory"), writing no
+/// model.safetensors or summary.json: the checkpoint's best top-1 named a best checkpoint that
+/// lies in the other run. The new run keeps its own best from where it resumed.
+#[test]
+fn a_checkpoint_of_another_run_resumes_into_a_fresh_directory_to_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let train = |run: &str, epochs: &str, resume: Option<&Path>| {
+        let mut command = common::rtrain(dir.path());
+        command
+            .args(["train", "--run-dir", run])
+            .args(["--set", &format!("data.root={:?}", data.display().to_string())])
+            .args(["--set", "data.image_size=32", "--set", "data.batch_size=4", "--set", "train.threads=1"])
+            .args(["--set", &format!("train.epochs={epochs}")]);
+        if let Some(checkpoint) = resume {
+            command.arg("--resume").arg(checkpoint);
+        }
+        command.output().unwrap()
+    };
+    let first = train("first", "1", None);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let first_checkpoints: Vec<_> =
+        std::fs::read_dir(dir.path().join("first/checkpoints")).unwrap().map(|e| e.unwrap().path()).collect();
+    let step = first_checkpoints
+        .iter()
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("step-"))
+        .expect("a step checkpoint in the first run");
+    assert!(dir.path().join("first/checkpoints/best.safetensors").exists());
+
+    let second = train("second", "2", Some(step));
+    let stderr = text(&second.stderr);
+    assert!(second.status.success(), "{stderr}");
+    assert!(stderr.contains("resumed from another run directory"), "{stderr}");
+    let second_dir = dir.path().join("second");
+    for file in ["model.safetensors", "summary.json", "checkpoints/best.safetensors"] {
+        assert!(second_dir.join(file).exists(), "{file} is missing: {stderr}");
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(second_dir.join("summary.json")).unwrap()).unwrap();
+    // Only epoch 2 was evaluated in this run, so it is this run's best.
+    assert_eq!(summary["best_epoch"], 2, "{summary}");
+    // The other run is untouched.
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("first/checkpoints")).unwrap().count(),
+        first_checkpoints.len()
+    );
 }

@@ -47,6 +47,15 @@ pub enum DataError {
         /// The class directory.
         path: PathBuf,
     },
+    /// A file with an image's extension that is not a regular file (symlinks followed): a
+    /// FIFO would block training, a link to /dev/zero would be read for ever.
+    #[error("{} is {what}, not a regular file: only regular files are images", path.display())]
+    NotARegularFile {
+        /// The file.
+        path: PathBuf,
+        /// What it is instead ("a FIFO", "a character device", ...).
+        what: &'static str,
+    },
     /// A file could not be decoded as an image.
     #[error("decoding image {}: {source}", path.display())]
     Decode {

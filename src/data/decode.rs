@@ -13,6 +13,10 @@
 //! sees 244 pixels of it; and the Exif orientation may be applied (Pillow's
 //! `ImageOps.exif_transpose`), in which case the caller sees the photo's displayed size and
 //! asks for rectangles of the displayed image.
+//!
+//! Photos come from elsewhere, so the size a header declares is checked before a pixel is
+//! decoded ([`DecodeOptions::max_pixels`], Pillow's decompression-bomb check): a 1.6 KB JPEG
+//! may declare 65500 x 65500 pixels, 12 GB of RGB.
 
 use std::ffi::{c_char, c_int, CStr};
 use std::marker::PhantomData;
@@ -32,6 +36,50 @@ pub enum DecodeError {
     /// The `image` crate's complaint about another format.
     #[error(transparent)]
     Image(#[from] image::ImageError),
+    /// The header declares more pixels than [`DecodeOptions::max_pixels`].
+    #[error(
+        "{width}x{height} is {} pixels, above the limit of {limit} (data.max_image_pixels): \
+         refused before decoding, as Pillow refuses a decompression bomb",
+        u64::from(*width) * u64::from(*height)
+    )]
+    TooManyPixels { width: u32, height: u32, limit: u64 },
+}
+
+/// The default of `data.max_image_pixels`: where Pillow refuses an image as a decompression
+/// bomb (twice its `Image.MAX_IMAGE_PIXELS` of 89,478,485). A 24-megapixel camera photo, a
+/// 100-megapixel medium-format one and a 12000 x 12000 drone mosaic fit; at most 537 MB of
+/// decoded RGB per image.
+pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 2 * 89_478_485;
+
+/// An image file larger than this is refused unread: no photo comes near it, and an
+/// uncompressed PNG at the default pixel limit is 537 MB.
+pub const MAX_IMAGE_FILE_BYTES: u64 = 1 << 30;
+
+/// What a caller asks of every image it decodes, whatever the image holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Show the photo as its Exif orientation says: sizes and rectangles are then of the
+    /// displayed image (`data.exif_orientation`).
+    pub exif_orientation: bool,
+    /// An image whose header declares more pixels is refused before it is decoded
+    /// (`data.max_image_pixels`).
+    pub max_pixels: u64,
+}
+
+impl Default for DecodeOptions {
+    /// As stored (no Exif orientation), at the default pixel limit.
+    fn default() -> Self {
+        DecodeOptions { exif_orientation: false, max_pixels: DEFAULT_MAX_IMAGE_PIXELS }
+    }
+}
+
+impl DecodeOptions {
+    fn check_size(&self, width: u32, height: u32) -> Result<(), DecodeError> {
+        if u64::from(width) * u64::from(height) > self.max_pixels {
+            return Err(DecodeError::TooManyPixels { width, height, limit: self.max_pixels });
+        }
+        Ok(())
+    }
 }
 
 /// Decoded pixels of a rectangle of an image: packed RGB rows.
@@ -67,13 +115,13 @@ pub struct Request {
 /// # Errors
 /// The decoder's complaint when `bytes` is not a readable image.
 pub fn decode(bytes: &[u8]) -> Result<RgbImage, DecodeError> {
-    decode_whole(bytes, false, |_, _| 1)
+    decode_whole(bytes, DecodeOptions::default(), |_, _| 1)
 }
 
 /// Decodes the part of an image that `choose` asks for, given the image's width and height, at
-/// full size and as stored (no Exif orientation): the pixels torchvision + Pillow see. The
-/// result may be larger than asked (a PNG is decoded whole); `None` decodes nothing. `choose`
-/// is called exactly once for a readable header.
+/// full size and as stored (no Exif orientation), at the default pixel limit: the pixels
+/// torchvision + Pillow see. The result may be larger than asked (a PNG is decoded whole);
+/// `None` decodes nothing. `choose` is called exactly once for a readable header.
 ///
 /// # Errors
 /// The decoder's complaint when `bytes` is not a readable image.
@@ -84,31 +132,33 @@ pub fn decode_region(
     bytes: &[u8],
     choose: impl FnOnce(u32, u32) -> Option<Crop>,
 ) -> Result<Region, DecodeError> {
-    decode_request(bytes, false, |width, height| {
+    decode_request(bytes, DecodeOptions::default(), |width, height| {
         choose(width, height).map(|rect| Request { reduction: 1, rect })
     })
 }
 
 /// Decodes what `choose` asks for, given the image's width and height (as displayed when
-/// `exif_orientation`, else as stored): a rectangle of the image reduced by a factor of its
-/// choice. The result may differ from the request: a PNG is decoded whole at full size, so
-/// read [`Region::reduction`] and [`Region::rect`]. `None` decodes nothing. `choose` is called
-/// exactly once for a readable header.
+/// `options.exif_orientation`, else as stored): a rectangle of the image reduced by a factor
+/// of its choice. The result may differ from the request: a PNG is decoded whole at full size,
+/// so read [`Region::reduction`] and [`Region::rect`]. `None` decodes nothing. `choose` is
+/// called exactly once for a readable header within the pixel limit.
 ///
 /// # Errors
-/// The decoder's complaint when `bytes` is not a readable image.
+/// The decoder's complaint when `bytes` is not a readable image; [`DecodeError::TooManyPixels`]
+/// when its header declares more than `options.max_pixels`.
 ///
 /// # Panics
 /// If `choose` returns a rectangle outside the reduced image or a reduction other than 1, 2, 4
 /// or 8 (caller bugs).
 pub fn decode_request(
     bytes: &[u8],
-    exif_orientation: bool,
+    options: DecodeOptions,
     choose: impl FnOnce(u32, u32) -> Option<Request>,
 ) -> Result<Region, DecodeError> {
-    let orientation = if exif_orientation { Orientation::of(bytes) } else { Orientation::Upright };
+    let orientation = if options.exif_orientation { Orientation::of(bytes) } else { Orientation::Upright };
     if is_jpeg(bytes) {
         let jpeg = Jpeg::open(bytes)?;
+        options.check_size(jpeg.width, jpeg.height)?;
         // A region decode stops after the region's last row, so libjpeg would notice a
         // truncated file only when the crop reached the missing part. Pillow refuses every
         // truncated file; so does this check, whatever the crop: the end-of-image marker must
@@ -142,6 +192,11 @@ pub fn decode_request(
             return Ok(Region { pixels, rect, reduction });
         }
     }
+    let header = image::ImageReader::new(std::io::Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(image::ImageError::IoError)?;
+    let (declared_w, declared_h) = header.into_dimensions()?;
+    options.check_size(declared_w, declared_h)?;
     let image = image::load_from_memory(bytes)?.into_rgb8();
     let (stored_w, stored_h) = image.dimensions();
     let (width, height) = orientation.displayed_size(stored_w, stored_h);
@@ -154,16 +209,16 @@ pub fn decode_request(
 }
 
 /// Decodes the whole image, reduced by the factor `reduction_for` picks from its width and
-/// height (as displayed when `exif_orientation`), and turned upright when `exif_orientation`.
+/// height (as displayed when `options.exif_orientation`), and turned upright when it is.
 ///
 /// # Errors
-/// The decoder's complaint when `bytes` is not a readable image.
+/// As [`decode_request`].
 pub fn decode_whole(
     bytes: &[u8],
-    exif_orientation: bool,
+    options: DecodeOptions,
     reduction_for: impl FnOnce(u32, u32) -> u32,
 ) -> Result<RgbImage, DecodeError> {
-    let region = decode_request(bytes, exif_orientation, |width, height| {
+    let region = decode_request(bytes, options, |width, height| {
         let reduction = reduction_for(width, height);
         let (width, height) = (reduced_len(width, reduction), reduced_len(height, reduction));
         Some(Request { reduction, rect: Crop { top: 0, left: 0, height, width } })
@@ -351,6 +406,23 @@ mod tests {
         let region = decode_region(&png, |_, _| Some(Crop { top: 1, left: 2, height: 2, width: 3 })).unwrap();
         assert_eq!(region.rect, Crop { top: 0, left: 0, height: 4, width: 9 });
         assert_eq!(region.pixels, image.into_raw());
+    }
+
+    /// The limit applies to the size the header declares, for JPEGs (libjpeg) and PNGs (the
+    /// image crate) alike, before anything is decoded: `choose` is never asked.
+    #[test]
+    fn an_image_above_the_pixel_limit_is_refused_before_it_is_decoded() {
+        let mut png = Vec::new();
+        RgbImage::new(20, 10).write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png).unwrap();
+        for (bytes, format) in [(jpeg(20, 10), "JPEG"), (png, "PNG")] {
+            let at_limit = DecodeOptions { exif_orientation: false, max_pixels: 200 };
+            assert_eq!(decode_whole(&bytes, at_limit, |_, _| 1).unwrap().dimensions(), (20, 10), "{format}");
+            let below = DecodeOptions { max_pixels: 199, ..at_limit };
+            let err = decode_request(&bytes, below, |_, _| panic!("{format}: asked for a region")).err();
+            let err = err.unwrap_or_else(|| panic!("{format} of 200 pixels accepted at a limit of 199"));
+            assert!(matches!(err, DecodeError::TooManyPixels { width: 20, height: 10, limit: 199 }), "{err}");
+            assert!(err.to_string().contains("20x10 is 200 pixels, above the limit of 199"), "{err}");
+        }
     }
 
     #[test]

@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use image::RgbImage;
 
 use super::dataset::{DataError, Dataset};
-use super::decode::decode;
+use super::decode::{decode, MAX_IMAGE_FILE_BYTES};
+use crate::util::files::{not_regular, read_regular};
 
 /// File extensions accepted as images, compared case-insensitively.
 const EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
@@ -43,7 +44,8 @@ impl ImageFolder {
     ///
     /// # Errors
     /// `dir` missing or not a directory, a directory that cannot be listed, no class
-    /// subdirectories, or a class without any image — each naming the path.
+    /// subdirectories, a class without any image, or an image name that is not a regular file
+    /// (a FIFO, a device) — each naming the path.
     pub fn open(dir: &Path) -> Result<Self, DataError> {
         let meta = fs::metadata(dir).map_err(|source| {
             if source.kind() == io::ErrorKind::NotFound {
@@ -117,7 +119,8 @@ impl ImageFolder {
             len: self.samples.len(),
             root: self.root.clone(),
         })?;
-        fs::read(path).map_err(|source| DataError::Io { path: path.clone(), source })
+        read_regular(path, MAX_IMAGE_FILE_BYTES)
+            .map_err(|source| DataError::Io { path: path.clone(), source })
     }
 }
 
@@ -170,6 +173,14 @@ fn collect_class(
             if entry.path.is_dir() {
                 stack.push(entry.path);
             } else if has_image_extension(&entry.path) {
+                // Only regular files (symlinks followed): torchvision would list a FIFO named
+                // x.jpg and block on it, or a link to /dev/zero and read for ever; the run's
+                // manifest hashes every file before training.
+                let metadata = fs::metadata(&entry.path)
+                    .map_err(|source| DataError::Io { path: entry.path.clone(), source })?;
+                if let Some(what) = not_regular(&metadata) {
+                    return Err(DataError::NotARegularFile { path: entry.path, what });
+                }
                 files.push(entry.path);
             }
         }

@@ -183,7 +183,7 @@ pub fn transform_encoded(
     if transform.policy.is_some() {
         // The policy's operations read the whole image: decode it all, reduced as far as the
         // geometry after it allows whatever it draws.
-        let image = decode_whole(bytes, transform.exif_orientation, |width, height| {
+        let image = decode_whole(bytes, transform.decode_options(), |width, height| {
             if transform.jpeg_draft {
                 transform.whole_image_reduction(width, height)
             } else {
@@ -194,7 +194,7 @@ pub fn transform_encoded(
         return Ok(());
     }
     let mut plan = None;
-    let region = decode_request(bytes, transform.exif_orientation, |width, height| {
+    let region = decode_request(bytes, transform.decode_options(), |width, height| {
         let drawn = DrawnTransform::new(width, height, transform, rng);
         let reduction = if transform.jpeg_draft { drawn.max_reduction() } else { 1 };
         let request = drawn.reduced(reduction).source().map(|rect| Request { reduction, rect });

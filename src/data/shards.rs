@@ -28,11 +28,12 @@ use sha2::{Digest, Sha256};
 
 use super::dataset::DataError;
 use super::dataset::Dataset;
-use super::decode::{decode_request, reduced_len, Request};
+use super::decode::{decode_request, reduced_len, DecodeOptions, Request, MAX_IMAGE_FILE_BYTES};
 use super::encode::{encode_jpeg, Subsampling};
 use super::folder::ImageFolder;
 use super::ingest::atomic_dir::{self, AtomicDirError};
 use super::transforms::{largest_reduction, resize_rgb, Crop};
+use crate::util::files::read_regular;
 
 /// The shard manifest's file name, in a shard directory.
 pub const SHARDS_JSON: &str = "shards.json";
@@ -203,7 +204,7 @@ fn sample_key(split: &str, index: usize) -> String {
 /// One sample's stored bytes and extension: the file itself, or a JPEG re-encoded to `resize`.
 fn sample_bytes(path: &Path, options: &PrepareOptions) -> Result<(Vec<u8>, &'static str), ShardError> {
     let Some(short) = options.resize else {
-        let bytes = fs::read(path).map_err(io_err(path))?;
+        let bytes = read_regular(path, MAX_IMAGE_FILE_BYTES).map_err(io_err(path))?;
         // The stored extension follows the content, so a PNG named .jpg stays decodable by name.
         let ext = match image::guess_format(&bytes) {
             Ok(image::ImageFormat::Png) => "png",
@@ -211,13 +212,15 @@ fn sample_bytes(path: &Path, options: &PrepareOptions) -> Result<(Vec<u8>, &'sta
         };
         return Ok((bytes, ext));
     };
-    let bytes = fs::read(path).map_err(io_err(path))?;
+    let bytes = read_regular(path, MAX_IMAGE_FILE_BYTES).map_err(io_err(path))?;
     // Decoded and resampled as training decodes and resamples (DCT-scaled as far as the new
     // size allows, PIL's antialiased bilinear filter), so a prepared image is what training
     // would have made of the original at that size.
     let mut size = (0, 0);
     let mut target = (0, 0);
-    let region = decode_request(&bytes, options.exif_orientation, |w, h| {
+    // At the default pixel limit: preparing reads no training configuration.
+    let decode = DecodeOptions { exif_orientation: options.exif_orientation, ..DecodeOptions::default() };
+    let region = decode_request(&bytes, decode, |w, h| {
         size = (w, h);
         target = if w.min(h) > short {
             let scale = f64::from(short) / f64::from(w.min(h));

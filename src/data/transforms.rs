@@ -17,6 +17,7 @@ use rand_chacha::ChaCha8Rng;
 use image::RgbImage;
 
 use crate::data::autoaugment::Policy;
+use crate::data::decode::{DecodeOptions, DEFAULT_MAX_IMAGE_PIXELS};
 use crate::util::seeds::splitmix64;
 
 /// Per-channel mean of ImageNet in `[0, 1]` RGB, as used by torchvision's reference models.
@@ -75,6 +76,8 @@ pub struct Transform {
     pub jpeg_draft: bool,
     /// Show each photo as its Exif orientation says (`data.exif_orientation`).
     pub exif_orientation: bool,
+    /// Refuse an image whose header declares more pixels (`data.max_image_pixels`).
+    pub max_image_pixels: u64,
 }
 
 impl Transform {
@@ -87,6 +90,7 @@ impl Transform {
             normalize: true,
             jpeg_draft: false,
             exif_orientation: false,
+            max_image_pixels: DEFAULT_MAX_IMAGE_PIXELS,
         }
     }
 
@@ -99,7 +103,13 @@ impl Transform {
             normalize: true,
             jpeg_draft: false,
             exif_orientation: false,
+            max_image_pixels: DEFAULT_MAX_IMAGE_PIXELS,
         }
+    }
+
+    /// How every image is decoded for this transform.
+    pub fn decode_options(&self) -> DecodeOptions {
+        DecodeOptions { exif_orientation: self.exif_orientation, max_pixels: self.max_image_pixels }
     }
 
     /// Output side length: every image becomes `3 × size × size` values.

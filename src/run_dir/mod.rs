@@ -114,6 +114,14 @@ impl RunPaths {
         self.root.join(CHECKPOINTS_DIR)
     }
 
+    /// Whether `checkpoint` lies in this run's `checkpoints/`, by its path alone (made absolute,
+    /// symlinks not followed), so that every rank answers the same without reading a file.
+    pub fn holds_checkpoint(&self, checkpoint: &Path) -> bool {
+        let directory = std::path::absolute(self.checkpoints()).ok();
+        let parent = std::path::absolute(checkpoint).ok().and_then(|p| p.parent().map(Path::to_path_buf));
+        directory.is_some() && directory == parent
+    }
+
     pub fn best_checkpoint(&self) -> PathBuf {
         self.checkpoints().join(BEST_CHECKPOINT_FILE)
     }

@@ -116,7 +116,21 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     let mut out = RunDir::open(paths, plan.topology.is_root())?;
     let resume_from = broadcast_resume_checkpoint(comm.as_ref(), plan, &out)?;
     let position = match &resume_from {
-        Some(path) => trainer.restore(&model, path)?,
+        Some(path) => {
+            let position = trainer.restore(&model, path)?;
+            // Decided from the path alone (the same on every rank, wherever the files are).
+            if !out.paths().holds_checkpoint(path) {
+                if out.writes() {
+                    tracing::info!(
+                        "{}: resumed from another run directory; its best checkpoint stays there, and \
+                         this run keeps its own best from here",
+                        path.display()
+                    );
+                }
+                trainer.forget_best();
+            }
+            position
+        }
         None => Position::default(),
     };
     out.start(&plan.config, resume_from.is_some().then_some((position.global_step, position.epoch)))?;

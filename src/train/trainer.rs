@@ -325,6 +325,12 @@ impl<'a> Trainer<'a> {
         Ok(())
     }
 
+    /// Forgets the best validation top-1 a checkpoint carried: its `best.safetensors` lies in
+    /// the run directory it came from, not this one, so the best is tracked afresh from here.
+    pub fn forget_best(&mut self) {
+        self.best_val_top1 = None;
+    }
+
     /// Whether the run has a best checkpoint (`checkpoint.keep_best` and an evaluation done);
     /// equal on every rank.
     pub fn has_best_checkpoint(&self) -> bool {

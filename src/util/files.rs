@@ -1,5 +1,9 @@
 //! Files that matter: `.safetensors` reading and writing with string metadata, atomic
-//! replacement, and sha256 of files.
+//! replacement, sha256 of files, and reading files that came from elsewhere.
+//!
+//! A file from elsewhere (a photo, a weights file, a path a manifest names) is read only if it
+//! is a regular file, checked on the opened file before a byte is read: a FIFO named `x.jpg`
+//! would block the reader for ever and `/dev/zero` never ends ([`open_regular`]).
 //!
 //! Every write goes to a temporary file in the destination's directory, is flushed to disk,
 //! and is then renamed over the final name, so a crash or a full disk leaves the previous
@@ -231,7 +235,8 @@ pub struct SafetensorsFile {
 }
 
 pub fn read_safetensors(path: &Path) -> Result<SafetensorsFile, FileError> {
-    let bytes = std::fs::read(path).map_err(|source| FileError::Io { path: path.to_path_buf(), source })?;
+    let bytes =
+        read_regular(path, u64::MAX).map_err(|source| FileError::Io { path: path.to_path_buf(), source })?;
     let format = |source| FileError::Format { path: path.to_path_buf(), source };
     let (_, header) = SafeTensors::read_metadata(&bytes).map_err(format)?;
     let metadata = header.metadata().clone().unwrap_or_default();
@@ -299,10 +304,76 @@ fn is_finite(tensor: &Tensor) -> bool {
     tensor.f_aminmax(None, false).is_ok_and(|(min, max)| finite(min) && finite(max))
 }
 
-/// sha256 of a file's bytes, hex encoded.
+/// Opens `path` (following symlinks) for reading if it is a regular file. The open does not
+/// wait for a FIFO's writer (`O_NONBLOCK`, which reads of a regular file ignore), and the type
+/// is checked on the opened file, so a file swapped after a check is not read either.
+///
+/// # Errors
+/// The open's own error, or `InvalidInput` saying what the path is instead ("a FIFO", "a
+/// character device", ...).
+pub fn open_regular(path: &Path) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    let metadata = file.metadata()?;
+    match not_regular(&metadata) {
+        None => Ok((file, metadata)),
+        Some(what) => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{what}, not a regular file: only regular files are read"),
+        )),
+    }
+}
+
+/// What a file is when it is not a regular file ("a FIFO", "a character device", ...); `None`
+/// for a regular file.
+pub fn not_regular(metadata: &std::fs::Metadata) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = metadata.file_type();
+    Some(if kind.is_file() {
+        return None;
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "neither a file nor a directory"
+    })
+}
+
+/// The bytes of the regular file at `path` ([`open_regular`]), refused unread when it holds
+/// more than `limit` bytes (and cut off there if it grows while being read).
+///
+/// # Errors
+/// As [`open_regular`], or `InvalidData` for a file over `limit`.
+pub fn read_regular(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    let (file, metadata) = open_regular(path)?;
+    let too_large = |size: u64| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{size} bytes, more than the {limit} allowed: refused unread"),
+        )
+    };
+    if metadata.len() > limit {
+        return Err(too_large(metadata.len()));
+    }
+    let mut bytes = Vec::with_capacity(metadata.len() as usize);
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(too_large(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
+/// sha256 of a regular file's bytes ([`open_regular`]), hex encoded.
 pub fn sha256_file(path: &Path) -> Result<String, FileError> {
     let io = |source| FileError::Io { path: path.to_path_buf(), source };
-    let mut file = std::fs::File::open(path).map_err(io)?;
+    let (mut file, _) = open_regular(path).map_err(io)?;
     let mut hasher = Sha256::new();
     std::io::copy(&mut file, &mut hasher).map_err(io)?;
     Ok(hex::encode(hasher.finalize()))
@@ -324,6 +395,30 @@ mod tests {
         for other in [".tmp-Ab3", ".tmp-notes.txt", "a.tmp-Ab3xYz", ".tmp-Ab3xY-", ".tmp-Ab3xY\u{e9}"] {
             assert!(!is_stale_temporary(std::ffi::OsStr::new(other)), "{other}");
         }
+    }
+
+    /// A FIFO is refused without waiting for a writer (the test would hang otherwise), as are a
+    /// character device and a directory; a file over the limit is refused unread.
+    #[test]
+    fn only_regular_files_within_the_limit_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("zz.jpg");
+        let status = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(status.success());
+        for (path, what) in [
+            (fifo.as_path(), "a FIFO"),
+            (Path::new("/dev/zero"), "a character device"),
+            (dir.path(), "a directory"),
+        ] {
+            let err = read_regular(path, 1 << 20).unwrap_err();
+            assert_eq!(err.to_string(), format!("{what}, not a regular file: only regular files are read"));
+            assert!(sha256_file(path).is_err(), "{}", path.display());
+        }
+        let file = dir.path().join("ten.bin");
+        std::fs::write(&file, [7u8; 10]).unwrap();
+        assert_eq!(read_regular(&file, 10).unwrap(), [7u8; 10]);
+        let err = read_regular(&file, 9).unwrap_err();
+        assert_eq!(err.to_string(), "10 bytes, more than the 9 allowed: refused unread");
     }
 
     #[test]

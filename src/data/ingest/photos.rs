@@ -184,7 +184,7 @@ fn enlarge(scene: &image::RgbImage, width: u32, height: u32, rng: &mut ChaCha8Rn
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::decode::decode_whole;
+    use crate::data::decode::{decode_whole, DecodeOptions};
     use crate::data::ingest::synth::photo;
 
     #[test]
@@ -201,9 +201,14 @@ mod tests {
         let bytes = photo(2, kind, 0.05, &mut ChaCha8Rng::seed_from_u64(3)).unwrap();
         let (width, height) = displayed_size(kind, 0.05);
         assert!(height > width);
-        let stored = decode_whole(&bytes, false, |_, _| 1).unwrap();
+        let stored = decode_whole(&bytes, DecodeOptions::default(), |_, _| 1).unwrap();
         assert_eq!(stored.dimensions(), (height, width), "stored sideways");
-        let shown = decode_whole(&bytes, true, |_, _| 1).unwrap();
+        let shown = decode_whole(
+            &bytes,
+            DecodeOptions { exif_orientation: true, ..DecodeOptions::default() },
+            |_, _| 1,
+        )
+        .unwrap();
         assert_eq!(shown.dimensions(), (width, height), "shown upright");
         // The sky is at the top of the upright photo: its first rows are brighter than its last.
         let luma = |img: &image::RgbImage, rows: std::ops::Range<u32>| {
