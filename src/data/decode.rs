@@ -45,11 +45,7 @@ pub enum DecodeError {
     TooManyPixels { width: u32, height: u32, limit: u64 },
 }
 
-/// The default of `data.max_image_pixels`: where Pillow refuses an image as a decompression
-/// bomb (twice its `Image.MAX_IMAGE_PIXELS` of 89,478,485). A 24-megapixel camera photo, a
-/// 100-megapixel medium-format one and a 12000 x 12000 drone mosaic fit; at most 537 MB of
-/// decoded RGB per image.
-pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 2 * 89_478_485;
+pub use super::transforms::DEFAULT_MAX_IMAGE_PIXELS;
 
 /// An image file larger than this is refused unread: no photo comes near it, and an
 /// uncompressed PNG at the default pixel limit is 537 MB.

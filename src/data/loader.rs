@@ -19,7 +19,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::dataset::DataError;
 use super::dataset::Dataset;
-use super::decode::{decode_request, decode_whole, DecodeError, Request};
+use super::decode::{decode_request, decode_whole, DecodeError, DecodeOptions, Request};
 use super::transforms::{self, sample_rng, DrawnTransform, Transform};
 
 /// One batch of transformed images.
@@ -170,6 +170,11 @@ fn decode_transformed(
         .map_err(|source| DataError::Decode { path: dataset.describe(index).into(), source })
 }
 
+/// How every image is decoded for `transform`.
+fn decode_options(transform: &Transform) -> DecodeOptions {
+    DecodeOptions { exif_orientation: transform.exif_orientation, max_pixels: transform.max_image_pixels }
+}
+
 /// Decodes an encoded image and writes its transformed pixels into `out`. The transform's plan
 /// is drawn from the image's size as soon as the header is read, so only the pixels it reads
 /// are decoded (for a JPEG), and with `jpeg_draft` at the smallest DCT scale that still gives
@@ -183,7 +188,7 @@ pub fn transform_encoded(
     if transform.policy.is_some() {
         // The policy's operations read the whole image: decode it all, reduced as far as the
         // geometry after it allows whatever it draws.
-        let image = decode_whole(bytes, transform.decode_options(), |width, height| {
+        let image = decode_whole(bytes, decode_options(transform), |width, height| {
             if transform.jpeg_draft {
                 transform.whole_image_reduction(width, height)
             } else {
@@ -194,7 +199,7 @@ pub fn transform_encoded(
         return Ok(());
     }
     let mut plan = None;
-    let region = decode_request(bytes, transform.decode_options(), |width, height| {
+    let region = decode_request(bytes, decode_options(transform), |width, height| {
         let drawn = DrawnTransform::new(width, height, transform, rng);
         let reduction = if transform.jpeg_draft { drawn.max_reduction() } else { 1 };
         let request = drawn.reduced(reduction).source().map(|rect| Request { reduction, rect });

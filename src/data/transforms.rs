@@ -17,7 +17,6 @@ use rand_chacha::ChaCha8Rng;
 use image::RgbImage;
 
 use crate::data::autoaugment::Policy;
-use crate::data::decode::{DecodeOptions, DEFAULT_MAX_IMAGE_PIXELS};
 use crate::util::seeds::splitmix64;
 
 /// Per-channel mean of ImageNet in `[0, 1]` RGB, as used by torchvision's reference models.
@@ -61,6 +60,13 @@ pub enum Geometry {
 /// the decoded image, as the DesignSafe tutorial's `AutoAugment()` before `Resize`), the
 /// geometry, then `ToTensor`, then (when `normalize`) `Normalize` with ImageNet's mean and
 /// standard deviation.
+// Here rather than in decode.rs, which depends on this module (Crop) and re-exports it.
+/// The default of `data.max_image_pixels`: where Pillow refuses an image as a decompression
+/// bomb (twice its `Image.MAX_IMAGE_PIXELS` of 89,478,485). A 24-megapixel camera photo, a
+/// 100-megapixel medium-format one and a 12000 x 12000 drone mosaic fit; at most 537 MB of
+/// decoded RGB per image.
+pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 2 * 89_478_485;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Transform {
     /// Output side length: every image becomes `3 x size x size` values.
@@ -105,11 +111,6 @@ impl Transform {
             exif_orientation: false,
             max_image_pixels: DEFAULT_MAX_IMAGE_PIXELS,
         }
-    }
-
-    /// How every image is decoded for this transform.
-    pub fn decode_options(&self) -> DecodeOptions {
-        DecodeOptions { exif_orientation: self.exif_orientation, max_pixels: self.max_image_pixels }
     }
 
     /// Output side length: every image becomes `3 × size × size` values.
