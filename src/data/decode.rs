@@ -26,6 +26,7 @@ use image::RgbImage;
 
 use super::orientation::Orientation;
 use super::transforms::Crop;
+pub use super::transforms::DEFAULT_MAX_IMAGE_PIXELS;
 
 /// Why an image could not be decoded.
 #[derive(Debug, thiserror::Error)]
@@ -44,8 +45,6 @@ pub enum DecodeError {
     )]
     TooManyPixels { width: u32, height: u32, limit: u64 },
 }
-
-pub use super::transforms::DEFAULT_MAX_IMAGE_PIXELS;
 
 /// An image file larger than this is refused unread: no photo comes near it, and an
 /// uncompressed PNG at the default pixel limit is 537 MB.
@@ -188,6 +187,8 @@ pub fn decode_request(
             return Ok(Region { pixels, rect, reduction });
         }
     }
+    // The header alone first (cheap); `load_from_memory` then decodes under the image crate's
+    // own allocation limit too.
     let header = image::ImageReader::new(std::io::Cursor::new(bytes))
         .with_guessed_format()
         .map_err(image::ImageError::IoError)?;

@@ -56,17 +56,17 @@ pub enum Geometry {
     Resize { hflip: bool },
 }
 
+/// The default of `data.max_image_pixels`: where Pillow refuses an image as a decompression
+/// bomb (twice its `Image.MAX_IMAGE_PIXELS` of 89,478,485). A 24-megapixel camera photo, a
+/// 100-megapixel medium-format one and a 12000 x 12000 drone mosaic fit; at most 537 MB of
+/// decoded RGB per image. (Here rather than in decode.rs, which depends on this module and
+/// re-exports it.)
+pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 2 * 89_478_485;
+
 /// What to do to each image before it enters a batch: the automatic augmentation policy (on
 /// the decoded image, as the DesignSafe tutorial's `AutoAugment()` before `Resize`), the
 /// geometry, then `ToTensor`, then (when `normalize`) `Normalize` with ImageNet's mean and
 /// standard deviation.
-// Here rather than in decode.rs, which depends on this module (Crop) and re-exports it.
-/// The default of `data.max_image_pixels`: where Pillow refuses an image as a decompression
-/// bomb (twice its `Image.MAX_IMAGE_PIXELS` of 89,478,485). A 24-megapixel camera photo, a
-/// 100-megapixel medium-format one and a 12000 x 12000 drone mosaic fit; at most 537 MB of
-/// decoded RGB per image.
-pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 2 * 89_478_485;
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct Transform {
     /// Output side length: every image becomes `3 x size x size` values.

@@ -329,9 +329,10 @@ pub fn open_regular(path: &Path) -> std::io::Result<(std::fs::File, std::fs::Met
 pub fn not_regular(metadata: &std::fs::Metadata) -> Option<&'static str> {
     use std::os::unix::fs::FileTypeExt;
     let kind = metadata.file_type();
-    Some(if kind.is_file() {
+    if kind.is_file() {
         return None;
-    } else if kind.is_dir() {
+    }
+    Some(if kind.is_dir() {
         "a directory"
     } else if kind.is_fifo() {
         "a FIFO"
