@@ -88,6 +88,15 @@ impl RunPlan {
         RunPlan::new(config, Topology::single(), threads, Device::Cpu, Resume::Fresh, 0)
     }
 
+    /// The plan of `rtrain predict --out` as `topology`'s rank: the device training would
+    /// choose (the rank's GPU when there is one), its cores shared among the node's ranks.
+    pub fn for_prediction(config: &Config, topology: &Topology) -> Result<RunPlan, PlanError> {
+        let threads = set_threads(config.train.threads, topology.local_world_size);
+        let device = choose_device(config, topology)?;
+        device::prepare(device, false);
+        Ok(RunPlan::new(config, topology.clone(), threads, device, Resume::Fresh, 0))
+    }
+
     fn new(
         config: &Config,
         topology: Topology,

@@ -2,7 +2,7 @@
 //! scripts act on it (requeue a run stopped by a signal, fix a configuration rather than
 //! retry), so it is decided here, once, and listed in `rtrain --help`.
 
-use crate::cluster::signals::{Preempted, PREEMPTED_EXIT_CODE};
+use crate::cluster::signals::{self, PREEMPTED_EXIT_CODE};
 use crate::config::ConfigError;
 
 /// `rtrain --help`'s list of exit codes; `exit_code` chooses among them.
@@ -12,14 +12,14 @@ Exit codes:
   1   any other failure
   2   a usage or configuration error
   75  a run stopped by a signal (SIGTERM, SIGINT, SIGUSR1) after saving its checkpoint; continue
-      it with --resume auto";
+      it with --resume auto (a stopped `predict --out`: run the same command again)";
 
 /// The exit status for a failed command: 2 for usage and configuration errors, 75 for a run
-/// stopped by a signal with its checkpoint saved, 1 otherwise.
+/// stopped by a signal with its checkpoint (or finished prediction parts) saved, 1 otherwise.
 pub fn exit_code(error: &anyhow::Error) -> u8 {
     if error.downcast_ref::<ConfigError>().is_some() {
         2
-    } else if error.downcast_ref::<Preempted>().is_some() {
+    } else if signals::is_clean_stop(error) {
         PREEMPTED_EXIT_CODE
     } else {
         1

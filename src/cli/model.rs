@@ -1,13 +1,16 @@
 //! The commands that use a trained model from its checkpoint: `rtrain eval` (the validation
-//! split), `rtrain predict` (image files) and `rtrain export` (a torchvision state dict).
+//! split), `rtrain predict` (image files printed; or a campaign's photos into a directory, as
+//! a job) and `rtrain export` (a torchvision state dict).
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
 
-use super::{print, ConfigArgs};
+use super::{exit_code, print, ConfigArgs};
+use crate::cluster::job;
 use crate::predict;
+use crate::predict::campaign::{self, OnBadImage};
 use crate::run_dir::checkpoint;
 use crate::train::eval;
 
@@ -36,20 +39,55 @@ pub struct PredictArgs {
     pub checkpoint: PathBuf,
     #[command(flatten)]
     pub config: ConfigArgs,
-    /// How many classes to show per image.
-    #[arg(long, default_value_t = 3)]
-    pub top: usize,
+    /// How many classes to show per image (default 3); with --out, top-k columns.
+    #[arg(long)]
+    pub top: Option<usize>,
+    /// Print the predictions as JSON (without --out).
     #[arg(long)]
     pub json: bool,
-    #[arg(required = true)]
+    /// Classify every input into DIR (predictions.csv, .jsonl, .geojson, summary.json) as a
+    /// data-parallel, resumable job, instead of printing.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// A file listing inputs, one path per line (with --out; may be repeated).
+    #[arg(long, value_name = "FILE", requires = "out")]
+    pub from_list: Vec<PathBuf>,
+    /// Images per part of the job: the unit a rank writes, and a rerun skips when done.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..), requires = "out")]
+    pub part_size: u32,
+    /// With --out: an unreadable or undecodable image is a row with its error (`row`), or
+    /// ends the job (`error`). Without --out any bad image is an error.
+    #[arg(long, value_enum, default_value_t = OnBadImage::Row)]
+    pub on_bad_image: OnBadImage,
+    /// Image files; with --out also directories (searched recursively) and shard sets.
+    #[arg(required_unless_present = "from_list", value_name = "INPUT")]
     pub images: Vec<PathBuf>,
 }
 
 impl PredictArgs {
     pub(super) fn run(self) -> Result<()> {
-        let config = self.config.load()?.config;
-        let predictions = predict::predict_files(&config, &self.checkpoint, &self.images, self.top)?;
-        print::predictions(&predictions, self.json)
+        let Some(out) = self.out else {
+            let config = self.config.load()?.config;
+            let predictions =
+                predict::predict_files(&config, &self.checkpoint, &self.images, self.top.unwrap_or(3))?;
+            return print::predictions(&predictions, self.json);
+        };
+        let request = campaign::Request {
+            checkpoint: self.checkpoint,
+            inputs: self.images,
+            lists: self.from_list,
+            out,
+            top: self.top.unwrap_or(0),
+            part_size: self.part_size as usize,
+            on_bad_image: self.on_bad_image,
+        };
+        let loaded = self.config.load().map(|loaded| loaded.config);
+        job::run_in_job(loaded, exit_code, |config, comm| {
+            if let Some(dir) = campaign::run(config, comm, &request)? {
+                println!("{}", dir.display());
+            }
+            Ok(())
+        })
     }
 }
 

@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use anyhow::{bail, Result};
 
-use super::signals::Preempted;
 use super::{Communicator, Topology};
 use crate::config::{Config, ConfigError, DEFAULT_DATA_ROOT};
 use crate::data::ingest::synth;
@@ -62,7 +61,7 @@ pub fn run_in_job(
         body(&config, comm.clone())
     });
     // A preempted run is not a failure of one rank: every rank stops at the same step.
-    let preempted = result.as_ref().is_err_and(|error| error.downcast_ref::<Preempted>().is_some());
+    let preempted = result.as_ref().is_err_and(super::signals::is_clean_stop);
     if let (Err(error), true, false) = (&result, topology.world_size > 1, preempted) {
         // Returning would leave the other ranks blocked in their next collective (and MPI's
         // finalisation): end the whole job, naming this rank.

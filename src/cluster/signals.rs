@@ -30,6 +30,24 @@ pub struct Preempted {
     pub checkpoint: Option<std::path::PathBuf>,
 }
 
+/// A job other than training (`rtrain predict --out`) stopped, by agreement of all ranks,
+/// after a stop signal, with its finished work kept: the same command continues it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{what} stopped by a stop signal (SIGTERM, SIGINT or SIGUSR1); run the same command again to continue"
+)]
+pub struct StoppedBySignal {
+    /// What stopped and how far it got, e.g. "prediction into out/ (3 of 8 parts done)".
+    pub what: String,
+}
+
+/// Whether a command's error is a clean stop after a stop signal ([`Preempted`] or
+/// [`StoppedBySignal`]): every rank stopped at the same point, so it is not one rank's failure,
+/// and the exit status says "try again" ([`PREEMPTED_EXIT_CODE`]).
+pub fn is_clean_stop(error: &anyhow::Error) -> bool {
+    error.downcast_ref::<Preempted>().is_some() || error.downcast_ref::<StoppedBySignal>().is_some()
+}
+
 extern "C" fn on_stop_signal(signal: libc::c_int) {
     // Only async-signal-safe work here: atomics, and _exit for the second signal.
     if RECEIVED.fetch_add(1, Ordering::SeqCst) > 0 {

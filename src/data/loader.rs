@@ -31,9 +31,27 @@ pub struct Batch {
     pub labels: Tensor,
     /// The dataset indices the batch was built from, in batch order.
     pub indices: Vec<usize>,
-    /// Samples left out because they could not be decoded (`skip_bad_samples`): where each is
+    /// Samples left out because they could not be read or decoded (`skip_bad_samples`): which
     /// and why.
-    pub skipped: Vec<String>,
+    pub skipped: Vec<SkippedSample>,
+}
+
+/// A sample a batch left out, and why.
+#[derive(Debug)]
+pub struct SkippedSample {
+    /// Its dataset index.
+    pub index: usize,
+    /// A [`DataError::Decode`], or the failure to read its file.
+    pub error: DataError,
+}
+
+impl std::fmt::Display for SkippedSample {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.error {
+            DataError::Decode { path, source } => write!(f, "{}: {source}", path.display()),
+            other => write!(f, "{other}"),
+        }
+    }
 }
 
 /// How batches are formed and how much work runs ahead.
@@ -46,8 +64,8 @@ pub struct LoaderOptions {
     /// Finished batches each worker may hold before it waits for the consumer; 0 means a
     /// worker hands over each batch as it is taken (still one batch ahead while it waits).
     pub prefetch: usize,
-    /// Leave out samples that cannot be decoded (the batch is smaller, and says which) instead
-    /// of failing with the sample named (`data.on_bad_sample`).
+    /// Leave out samples that cannot be read or decoded (the batch is smaller, and says which)
+    /// instead of failing with the sample named (`data.on_bad_sample`).
     pub skip_bad_samples: bool,
     /// Run the workers at a lower scheduling priority, for when the model computes on the
     /// same cores: see [`LOW_PRIORITY_NICE`].
@@ -133,8 +151,8 @@ impl Batcher {
             let out = &mut pixels[slot * per_image..(slot + 1) * per_image];
             match decode_transformed(self.dataset.as_ref(), index, &self.transform, &mut rng, out) {
                 Ok(()) => {}
-                Err(DataError::Decode { path, source }) if self.skip_bad_samples => {
-                    skipped.push(format!("{}: {source}", path.display()));
+                Err(error @ (DataError::Decode { .. } | DataError::Io { .. })) if self.skip_bad_samples => {
+                    skipped.push(SkippedSample { index, error });
                     continue;
                 }
                 Err(err) => return Err(err),
@@ -679,7 +697,8 @@ mod tests {
                 Loader::new(Arc::clone(&data), order.clone(), t.clone(), from(5, 1, 0), skip(workers))
                     .map(Result::unwrap)
                     .collect();
-            let skipped: Vec<&String> = batches.iter().flat_map(|b| &b.skipped).collect();
+            let skipped: Vec<String> =
+                batches.iter().flat_map(|b| &b.skipped).map(|s| s.to_string()).collect();
             assert_eq!(skipped.len(), 1, "workers={workers}");
             assert!(skipped[0].contains(&*bad.to_string_lossy()), "{}", skipped[0]);
             // Every other sample arrives, augmented exactly as without the bad file.

@@ -11,6 +11,7 @@ pub mod folder;
 pub mod ingest;
 pub mod loader;
 pub mod orientation;
+pub mod photo;
 pub mod sampler;
 pub mod shards;
 pub mod transforms;

@@ -613,6 +613,11 @@ impl ShardSet {
         let recorded_sha256 = info.shards.iter().map(|shard| shard.sha256.clone()).collect();
         Ok(ShardSet { root: root.to_path_buf(), classes: manifest.classes, shards, recorded_sha256, samples })
     }
+
+    /// Sample `index`'s key (`<split>-<number>`, the name its files share in the shard).
+    pub fn key(&self, index: usize) -> Option<&str> {
+        self.samples.get(index).map(|s| s.key.as_str())
+    }
 }
 
 impl Dataset for ShardSet {

@@ -277,6 +277,11 @@ pub fn load(path: &Path, expect: Option<(Arch, usize)>) -> Result<Checkpoint, Ch
 
 /// A model on the CPU restored from a checkpoint or a final weights file, with what it is.
 pub fn load_model(path: &Path) -> Result<(Model, WeightsMeta), CheckpointError> {
+    load_model_on(path, tch::Device::Cpu)
+}
+
+/// [`load_model`] onto `device`.
+pub fn load_model_on(path: &Path, device: tch::Device) -> Result<(Model, WeightsMeta), CheckpointError> {
     let file = files::read_safetensors(path)?;
     let info = match file.metadata.get(WEIGHTS_METADATA_KEY) {
         Some(json) => {
@@ -295,7 +300,7 @@ pub fn load_model(path: &Path) -> Result<(Model, WeightsMeta), CheckpointError> 
         None => WeightsMeta::of_checkpoint(&parse_meta(path, &file.metadata)?),
     };
     check_finite(path, &file.tensors)?;
-    let model = Model::with_head(info.arch, info.num_classes, &info.head_hidden, tch::Device::Cpu)?;
+    let model = Model::with_head(info.arch, info.num_classes, &info.head_hidden, device)?;
     model.restore(&file.tensors, path)?;
     Ok((model, info))
 }

@@ -1,6 +1,12 @@
 //! `rtrain predict`: classifying image files with a trained model, through the same decoder
 //! and evaluation transform that training and evaluation use, so that a prediction sees the
-//! pixels they see.
+//! pixels they see. This module prints a few files' predictions (`predict IMG...`);
+//! [`campaign`] classifies a whole campaign's photos into a directory as a job, from the
+//! inputs [`inputs`] gathers, writing what [`outputs`] formats.
+
+pub mod campaign;
+pub mod inputs;
+pub mod outputs;
 
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,171 @@
+//! What a photo's file says about it besides its pixels: its stored size, Exif orientation,
+//! GPS position and capture time, for putting predictions on a map (`rtrain predict --out`)
+//! and for keeping a sample's provenance in a shard.
+//!
+//! GPS coordinates are read as exiftool and Pillow report them: degrees + minutes / 60 +
+//! seconds / 3600 from the three rationals, negative for the southern and western
+//! hemispheres (`GPSLatitudeRef` `S`, `GPSLongitudeRef` `W`) and below sea level
+//! (`GPSAltitudeRef` 1). A GPS block that cannot be read is "no GPS" with the reason kept, never
+//! an error: the photo's pixels are still good.
+
+use std::io::Cursor;
+
+use exif::{Exif, In, Tag, Value};
+use serde::{Deserialize, Serialize};
+
+use super::orientation::Orientation;
+
+/// Where a photo was taken (WGS 84, as Exif records it).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct GpsPosition {
+    /// Degrees north (negative: south).
+    pub latitude: f64,
+    /// Degrees east (negative: west).
+    pub longitude: f64,
+    /// Metres above sea level (negative: below), when recorded.
+    pub altitude: Option<f64>,
+}
+
+/// The Exif facts about a photo that a prediction reports.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PhotoTags {
+    /// The Exif orientation tag (1-8; 1 when there is none).
+    pub orientation: u16,
+    pub gps: Option<GpsPosition>,
+    /// Why a GPS block that is present could not be read (reported as a warning).
+    pub gps_problem: Option<String>,
+    /// `DateTimeOriginal` as ISO 8601 (`2023-02-06T04:17:35`), with `OffsetTimeOriginal`
+    /// appended when recorded (`+03:00`).
+    pub captured: Option<String>,
+}
+
+impl PhotoTags {
+    /// The tags of an encoded image (JPEG APP1, PNG eXIf); all absent when it has no readable
+    /// Exif block.
+    pub fn of(bytes: &[u8]) -> PhotoTags {
+        let orientation = Orientation::of(bytes).tag();
+        let Ok(exif) = exif::Reader::new().read_from_container(&mut Cursor::new(bytes)) else {
+            return PhotoTags { orientation, ..PhotoTags::default() };
+        };
+        let (gps, gps_problem) = match gps_position(&exif) {
+            Ok(gps) => (gps, None),
+            Err(problem) => (None, Some(problem)),
+        };
+        PhotoTags { orientation, gps, gps_problem, captured: capture_time(&exif) }
+    }
+}
+
+/// The GPS position, `Ok(None)` when the photo has no latitude and longitude, or why the ones
+/// it has cannot be read.
+fn gps_position(exif: &Exif) -> Result<Option<GpsPosition>, String> {
+    let field = |tag| exif.get_field(tag, In::PRIMARY);
+    let (latitude, longitude) = match (field(Tag::GPSLatitude), field(Tag::GPSLongitude)) {
+        (None, None) => return Ok(None),
+        (Some(latitude), Some(longitude)) => (latitude, longitude),
+        _ => return Err("GPSLatitude without GPSLongitude or the reverse".to_string()),
+    };
+    let latitude = degrees(&latitude.value, "GPSLatitude")?
+        * hemisphere(field(Tag::GPSLatitudeRef).map(|f| &f.value), "GPSLatitudeRef", b'N', b'S')?;
+    let longitude = degrees(&longitude.value, "GPSLongitude")?
+        * hemisphere(field(Tag::GPSLongitudeRef).map(|f| &f.value), "GPSLongitudeRef", b'E', b'W')?;
+    if !(-90.0..=90.0).contains(&latitude) || !(-180.0..=180.0).contains(&longitude) {
+        return Err(format!("latitude {latitude}, longitude {longitude} is not a place on Earth"));
+    }
+    let altitude = match field(Tag::GPSAltitude) {
+        None => None,
+        Some(altitude) => {
+            let Value::Rational(ref values) = altitude.value else {
+                return Err("GPSAltitude is not a rational".to_string());
+            };
+            let metres = values.first().ok_or("GPSAltitude is empty")?;
+            let metres = rational(metres.num, metres.denom, "GPSAltitude")?;
+            // Ref 1 is below sea level; 0 or no ref is above.
+            let below = field(Tag::GPSAltitudeRef).and_then(|f| f.value.get_uint(0)) == Some(1);
+            Some(if below { -metres } else { metres })
+        }
+    };
+    Ok(Some(GpsPosition { latitude, longitude, altitude }))
+}
+
+/// Degrees from Exif's three rationals: degrees, minutes, seconds.
+fn degrees(value: &Value, tag: &str) -> Result<f64, String> {
+    let Value::Rational(values) = value else { return Err(format!("{tag} is not rationals")) };
+    if values.len() != 3 {
+        return Err(format!("{tag} has {} values, not degrees, minutes and seconds", values.len()));
+    }
+    let part = |i: usize| rational(values[i].num, values[i].denom, tag);
+    Ok(part(0)? + part(1)? / 60.0 + part(2)? / 3600.0)
+}
+
+fn rational(num: u32, denom: u32, tag: &str) -> Result<f64, String> {
+    if denom == 0 {
+        return Err(format!("{tag} has a zero denominator"));
+    }
+    Ok(f64::from(num) / f64::from(denom))
+}
+
+/// 1 for the `positive` reference letter, -1 for the `negative` one.
+fn hemisphere(value: Option<&Value>, tag: &str, positive: u8, negative: u8) -> Result<f64, String> {
+    let letter = match value {
+        Some(Value::Ascii(strings)) => strings.first().and_then(|s| s.first()).copied(),
+        _ => None,
+    };
+    match letter.map(|c| c.to_ascii_uppercase()) {
+        Some(c) if c == positive => Ok(1.0),
+        Some(c) if c == negative => Ok(-1.0),
+        Some(c) => Err(format!("{tag} is {:?}, not {} or {}", c as char, positive as char, negative as char)),
+        None => Err(format!("{tag} is missing")),
+    }
+}
+
+/// `DateTimeOriginal` (`YYYY:MM:DD HH:MM:SS`) as ISO 8601, with `OffsetTimeOriginal`.
+fn capture_time(exif: &Exif) -> Option<String> {
+    let ascii = |tag| match exif.get_field(tag, In::PRIMARY).map(|f| &f.value) {
+        Some(Value::Ascii(strings)) => strings.first().map(|s| String::from_utf8_lossy(s).trim().to_string()),
+        _ => None,
+    };
+    let stamp = ascii(Tag::DateTimeOriginal)?;
+    let bytes = stamp.as_bytes();
+    let shaped = bytes.len() == 19
+        && bytes.iter().enumerate().all(|(i, &b)| match i {
+            4 | 7 => b == b':',
+            10 => b == b' ',
+            13 | 16 => b == b':',
+            _ => b.is_ascii_digit(),
+        });
+    if !shaped {
+        return None;
+    }
+    let mut iso = format!("{}-{}-{}T{}", &stamp[0..4], &stamp[5..7], &stamp[8..10], &stamp[11..19]);
+    if let Some(offset) = ascii(Tag::OffsetTimeOriginal) {
+        let o = offset.as_bytes();
+        if o.len() == 6 && (o[0] == b'+' || o[0] == b'-') && o[3] == b':' {
+            iso.push_str(&offset);
+        }
+    }
+    Some(iso)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hemisphere_letters_give_the_sign_and_others_are_refused() {
+        let ascii = |s: &str| Value::Ascii(vec![s.as_bytes().to_vec()]);
+        assert_eq!(hemisphere(Some(&ascii("N")), "r", b'N', b'S'), Ok(1.0));
+        assert_eq!(hemisphere(Some(&ascii("S")), "r", b'N', b'S'), Ok(-1.0));
+        assert_eq!(hemisphere(Some(&ascii("w")), "r", b'E', b'W'), Ok(-1.0));
+        assert!(hemisphere(Some(&ascii("X")), "r", b'E', b'W').unwrap_err().contains("'X'"));
+        assert!(hemisphere(None, "GPSLatitudeRef", b'N', b'S').unwrap_err().contains("GPSLatitudeRef"));
+    }
+
+    #[test]
+    fn degrees_minutes_seconds_and_a_zero_denominator() {
+        let r = |num, denom| exif::Rational { num, denom };
+        let value = Value::Rational(vec![r(29, 1), r(57, 1), r(3036, 100)]);
+        assert!((degrees(&value, "t").unwrap() - (29.0 + 57.0 / 60.0 + 30.36 / 3600.0)).abs() < 1e-12);
+        let broken = Value::Rational(vec![r(29, 1), r(57, 0), r(0, 1)]);
+        assert!(degrees(&broken, "GPSLatitude").unwrap_err().contains("zero denominator"));
+    }
+}

@@ -1,0 +1,235 @@
+//! What `rtrain predict --out` classifies: the INPUTs of its command line — image files,
+//! directories searched recursively, shard sets, and the paths listed in `--from-list` files —
+//! gathered into one list in a stable order (sorted by name), behind the loader's
+//! [`Dataset`] trait.
+//!
+//! In a directory an image is recognised by its content (a JPEG's or PNG's first bytes), so a
+//! camera's `IMG_0001.JPG`, a phone's extensionless export and `photo.jpeg` are all found;
+//! a file with an image's extension whose content is not an image stays in the list, to be
+//! reported as a bad image rather than silently left out. Symbolic links to files are followed,
+//! links to directories are not (as `find` does), so a link loop cannot recurse for ever.
+
+use std::borrow::Cow;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use crate::data::dataset::{DataError, Dataset};
+use crate::data::decode::MAX_IMAGE_FILE_BYTES;
+use crate::data::shards::{self, ShardError, ShardSet};
+use crate::util::files::{open_regular, read_regular};
+
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error("{}: no such file or directory (an INPUT of rtrain predict)", path.display())]
+    Missing { path: PathBuf },
+    #[error("reading {}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Shards(#[from] ShardError),
+    #[error("no images in {inputs}: nothing to classify")]
+    Empty { inputs: String },
+}
+
+/// Where one input's bytes are.
+enum Source {
+    File(PathBuf),
+    /// Sample `index` of shard set `set` (an index into [`Inputs::shard_sets`]).
+    Shard {
+        set: usize,
+        index: usize,
+    },
+}
+
+struct Input {
+    /// How outputs name it: the file's path as reached from its INPUT, or
+    /// `<shard set>/<split>/<key>` for a shard sample.
+    name: String,
+    source: Source,
+}
+
+/// Every image to classify, sorted by name, duplicates removed.
+pub struct Inputs {
+    items: Vec<Input>,
+    shard_sets: Vec<ShardSet>,
+    /// Files met in directories that are not images (by content or extension).
+    pub ignored: usize,
+}
+
+/// The extensions a file is expected to be an image by, even when its content says otherwise.
+const IMAGE_EXTENSIONS: [&str; 4] = ["jpg", "jpeg", "png", "jfif"];
+
+impl Inputs {
+    /// Gathers `paths` (files, directories, shard sets) and every path listed in the
+    /// `lists` (one per line; blank lines and lines starting with `#` skipped; relative paths
+    /// from the current directory, as on the command line).
+    pub fn gather(paths: &[PathBuf], lists: &[PathBuf]) -> Result<Inputs, InputError> {
+        let mut all: Vec<PathBuf> = paths.to_vec();
+        for list in lists {
+            let text = std::fs::read_to_string(list)
+                .map_err(|source| InputError::Io { path: list.clone(), source })?;
+            all.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(PathBuf::from),
+            );
+        }
+        let mut inputs = Inputs { items: Vec::new(), shard_sets: Vec::new(), ignored: 0 };
+        for path in &all {
+            inputs.add(path)?;
+        }
+        inputs.items.sort_by(|a, b| a.name.cmp(&b.name));
+        inputs.items.dedup_by(|a, b| a.name == b.name);
+        if inputs.items.is_empty() {
+            let names: Vec<String> = all.iter().map(|p| p.display().to_string()).collect();
+            return Err(InputError::Empty { inputs: names.join(", ") });
+        }
+        Ok(inputs)
+    }
+
+    fn add(&mut self, path: &Path) -> Result<(), InputError> {
+        let metadata = match std::fs::metadata(path) {
+            Ok(metadata) => metadata,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Err(InputError::Missing { path: path.to_path_buf() });
+            }
+            Err(source) => return Err(InputError::Io { path: path.to_path_buf(), source }),
+        };
+        if !metadata.is_dir() {
+            // Named on purpose: classified (or reported) whatever it holds.
+            self.push_file(path.to_path_buf());
+        } else if shards::is_shard_dir(path) {
+            self.add_shard_set(path)?;
+        } else {
+            self.add_directory(path)?;
+        }
+        Ok(())
+    }
+
+    fn push_file(&mut self, path: PathBuf) {
+        self.items.push(Input { name: path.to_string_lossy().into_owned(), source: Source::File(path) });
+    }
+
+    fn add_shard_set(&mut self, root: &Path) -> Result<(), InputError> {
+        let manifest = shards::ShardManifest::read(root)?;
+        for split in manifest.splits.keys() {
+            let set = ShardSet::open(root, split)?;
+            let index_of_set = self.shard_sets.len();
+            for index in 0..set.len() {
+                let key = set.key(index).unwrap_or_default();
+                let name = format!("{}/{split}/{key}", root.to_string_lossy().trim_end_matches('/'));
+                self.items.push(Input { name, source: Source::Shard { set: index_of_set, index } });
+            }
+            self.shard_sets.push(set);
+        }
+        Ok(())
+    }
+
+    fn add_directory(&mut self, dir: &Path) -> Result<(), InputError> {
+        let entries =
+            std::fs::read_dir(dir).map_err(|source| InputError::Io { path: dir.to_path_buf(), source })?;
+        let mut paths = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|source| InputError::Io { path: dir.to_path_buf(), source })?;
+            paths.push(entry.path());
+        }
+        paths.sort();
+        for path in paths {
+            let Ok(link) = std::fs::symlink_metadata(&path) else { continue };
+            if link.is_dir() {
+                self.add_directory(&path)?;
+                continue;
+            }
+            if is_image(&path) {
+                self.push_file(path);
+            } else {
+                self.ignored += 1;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// The name outputs give input `index`.
+    pub fn name(&self, index: usize) -> &str {
+        self.items.get(index).map_or("", |input| input.name.as_str())
+    }
+
+    /// Every input's name, in order (what ranks compare to know they see the same inputs).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.items.iter().map(|input| input.name.as_str())
+    }
+}
+
+/// Whether a file met in a directory is to be classified: its first bytes are a JPEG's or a
+/// PNG's, or its extension says it is an image (then a failure to decode it is reported). Only
+/// regular files are opened: a FIFO is never waited on, and one with an image's extension is
+/// kept so that it is reported.
+fn is_image(path: &Path) -> bool {
+    let by_extension = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| IMAGE_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()));
+    if by_extension {
+        return true;
+    }
+    let Ok((mut file, _)) = open_regular(path) else { return false };
+    let mut head = [0u8; 8];
+    let Ok(read) = file.read(&mut head) else { return false };
+    let head = &head[..read];
+    head.starts_with(&[0xFF, 0xD8, 0xFF]) || head.starts_with(b"\x89PNG\r\n\x1a\n")
+}
+
+impl Dataset for Inputs {
+    fn root(&self) -> &Path {
+        Path::new("the inputs")
+    }
+
+    /// Inputs have no classes of their own: the checkpoint's are used.
+    fn classes(&self) -> &[String] {
+        &[]
+    }
+
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    fn label(&self, index: usize) -> Option<usize> {
+        (index < self.items.len()).then_some(0)
+    }
+
+    fn encoded(&self, index: usize) -> Result<Cow<'_, [u8]>, DataError> {
+        let input = self.items.get(index).ok_or_else(|| DataError::IndexOutOfRange {
+            index,
+            len: self.items.len(),
+            root: PathBuf::from("the inputs"),
+        })?;
+        match input.source {
+            Source::File(ref path) => read_regular(path, MAX_IMAGE_FILE_BYTES)
+                .map(Cow::Owned)
+                .map_err(|source| DataError::Io { path: path.clone(), source }),
+            Source::Shard { set, index } => self.shard_sets[set].encoded(index),
+        }
+    }
+
+    fn describe(&self, index: usize) -> String {
+        self.name(index).to_string()
+    }
+
+    fn files(&self) -> Vec<PathBuf> {
+        self.items
+            .iter()
+            .filter_map(|input| match input.source {
+                Source::File(ref path) => Some(path.clone()),
+                Source::Shard { .. } => None,
+            })
+            .collect()
+    }
+}

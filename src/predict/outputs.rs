@@ -1,0 +1,289 @@
+//! What `rtrain predict --out DIR` writes: one [`Record`] per input, kept as JSON lines in
+//! the parts of a job and merged into `predictions.csv`, `predictions.jsonl`,
+//! `predictions.geojson` (RFC 7946) and `summary.json`.
+//!
+//! Every byte of the three prediction files is a function of the records alone (no times, no
+//! rank numbers), so they are identical at any world size and worker count.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::data::photo::PhotoTags;
+
+/// One input's prediction, or why it has none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub path: String,
+    /// sha256 of the image's bytes (the file, or the shard member).
+    pub sha256: Option<String>,
+    /// The most likely class and its probability.
+    pub class: Option<String>,
+    pub probability: Option<f32>,
+    /// Every class's probability, in the checkpoint's class order (empty for a bad image).
+    pub probabilities: Vec<f32>,
+    /// The `--top K` most likely classes, best first (empty unless asked).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top: Vec<TopClass>,
+    pub width: Option<u32>,
+    pub height: Option<u32>,
+    /// The Exif orientation tag (1-8).
+    pub orientation: Option<u16>,
+    pub latitude: Option<f64>,
+    pub longitude: Option<f64>,
+    pub altitude: Option<f64>,
+    /// Exif `DateTimeOriginal` (+ `OffsetTimeOriginal`) as ISO 8601.
+    pub capture_time: Option<String>,
+    /// Why the image has no prediction.
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopClass {
+    pub class: String,
+    pub probability: f32,
+}
+
+impl Record {
+    /// A record of `path` with what its file says and no prediction yet. The tags are only
+    /// reported for a file whose size could be read (an image).
+    pub fn new(
+        path: String,
+        sha256: Option<String>,
+        size: Option<(u32, u32)>,
+        tags: Option<&PhotoTags>,
+    ) -> Record {
+        let tags = tags.filter(|_| size.is_some());
+        let gps = tags.and_then(|t| t.gps);
+        Record {
+            path,
+            sha256,
+            class: None,
+            probability: None,
+            probabilities: Vec::new(),
+            top: Vec::new(),
+            width: size.map(|s| s.0),
+            height: size.map(|s| s.1),
+            orientation: tags.map(|t| t.orientation),
+            latitude: gps.map(|g| g.latitude),
+            longitude: gps.map(|g| g.longitude),
+            altitude: gps.and_then(|g| g.altitude),
+            capture_time: tags.and_then(|t| t.captured.clone()),
+            error: None,
+        }
+    }
+
+    /// Fills in the prediction from the class probabilities (`classes` in the model's order).
+    pub fn predicted(&mut self, classes: &[String], probabilities: Vec<f32>, top: usize) {
+        let mut ranked: Vec<(usize, f32)> = probabilities.iter().copied().enumerate().collect();
+        // Stable: equal probabilities keep the class order.
+        ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let (best, probability) = ranked[0];
+        self.class = Some(classes[best].clone());
+        self.probability = Some(probability);
+        self.top = ranked
+            .iter()
+            .take(top)
+            .map(|&(i, probability)| TopClass { class: classes[i].clone(), probability })
+            .collect();
+        self.probabilities = probabilities;
+    }
+
+    pub fn has_gps(&self) -> bool {
+        self.latitude.is_some() && self.longitude.is_some()
+    }
+}
+
+/// `predictions.csv`: RFC 4180 (the `csv` crate quotes what needs quoting). Columns: path,
+/// sha256, class, probability, `probability_<class>` per class, `top<i>_class` and
+/// `top<i>_probability` for `--top K`, width, height, orientation, latitude, longitude,
+/// altitude, capture_time, error; empty where a value is absent.
+pub fn csv_bytes(records: &[Record], classes: &[String], top: usize) -> Result<Vec<u8>, csv::Error> {
+    let mut writer = csv::Writer::from_writer(Vec::new());
+    let mut header: Vec<String> = ["path", "sha256", "class", "probability"].map(String::from).to_vec();
+    header.extend(classes.iter().map(|class| format!("probability_{class}")));
+    for i in 1..=top {
+        header.extend([format!("top{i}_class"), format!("top{i}_probability")]);
+    }
+    header.extend(
+        ["width", "height", "orientation", "latitude", "longitude", "altitude", "capture_time", "error"]
+            .map(String::from),
+    );
+    writer.write_record(&header)?;
+    let text = |value: Option<String>| value.unwrap_or_default();
+    for record in records {
+        let mut row = vec![
+            record.path.clone(),
+            text(record.sha256.clone()),
+            text(record.class.clone()),
+            text(record.probability.map(|p| p.to_string())),
+        ];
+        row.extend((0..classes.len()).map(|i| text(record.probabilities.get(i).map(|p| p.to_string()))));
+        for i in 0..top {
+            let entry = record.top.get(i);
+            row.extend([
+                text(entry.map(|t| t.class.clone())),
+                text(entry.map(|t| t.probability.to_string())),
+            ]);
+        }
+        row.extend([
+            text(record.width.map(|v| v.to_string())),
+            text(record.height.map(|v| v.to_string())),
+            text(record.orientation.map(|v| v.to_string())),
+            text(record.latitude.map(|v| v.to_string())),
+            text(record.longitude.map(|v| v.to_string())),
+            text(record.altitude.map(|v| v.to_string())),
+            text(record.capture_time.clone()),
+            text(record.error.clone()),
+        ]);
+        writer.write_record(&row)?;
+    }
+    writer.into_inner().map_err(|e| csv::Error::from(e.into_error()))
+}
+
+/// One JSON object per line, as the parts hold them.
+pub fn jsonl_bytes(records: &[Record]) -> Result<Vec<u8>, serde_json::Error> {
+    let mut bytes = Vec::new();
+    for record in records {
+        serde_json::to_writer(&mut bytes, record)?;
+        bytes.push(b'\n');
+    }
+    Ok(bytes)
+}
+
+/// The records of JSON-lines `bytes` (a part, or `predictions.jsonl`).
+pub fn parse_jsonl(bytes: &[u8]) -> Result<Vec<Record>, serde_json::Error> {
+    bytes.split(|&b| b == b'\n').filter(|line| !line.is_empty()).map(serde_json::from_slice).collect()
+}
+
+/// `predictions.geojson`: an RFC 7946 FeatureCollection with one Point (longitude, latitude[,
+/// altitude]) per photo that has a GPS position, its properties the CSV's columns (flat, as
+/// QGIS and Hazmapper show them). Photos without a position are left out here (they are in the
+/// CSV and counted in the summary).
+pub fn geojson_bytes(records: &[Record], classes: &[String]) -> Result<Vec<u8>, serde_json::Error> {
+    let features: Vec<serde_json::Value> = records
+        .iter()
+        .filter_map(|record| {
+            let (latitude, longitude) = (record.latitude?, record.longitude?);
+            let mut coordinates = vec![longitude, latitude];
+            coordinates.extend(record.altitude);
+            Some(serde_json::json!({
+                "type": "Feature",
+                "geometry": { "type": "Point", "coordinates": coordinates },
+                "properties": properties(record, classes),
+            }))
+        })
+        .collect();
+    let collection = serde_json::json!({ "type": "FeatureCollection", "features": features });
+    let mut bytes = serde_json::to_vec(&collection)?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+/// A probability as the f64 of its shortest decimal form, so that a JSON value built from it
+/// prints as the CSV and the JSON lines do (`0.32229975`, not `0.3222997486591339`).
+fn decimal(probability: f32) -> f64 {
+    probability.to_string().parse().unwrap_or(f64::NAN)
+}
+
+fn properties(record: &Record, classes: &[String]) -> serde_json::Value {
+    let mut map = serde_json::Map::new();
+    map.insert("path".into(), record.path.clone().into());
+    map.insert("sha256".into(), record.sha256.clone().into());
+    map.insert("class".into(), record.class.clone().into());
+    map.insert("probability".into(), record.probability.map(decimal).into());
+    for (class, probability) in classes.iter().zip(&record.probabilities) {
+        map.insert(format!("probability_{class}"), decimal(*probability).into());
+    }
+    for (i, entry) in record.top.iter().enumerate() {
+        map.insert(format!("top{}_class", i + 1), entry.class.clone().into());
+        map.insert(format!("top{}_probability", i + 1), decimal(entry.probability).into());
+    }
+    map.insert("width".into(), record.width.into());
+    map.insert("height".into(), record.height.into());
+    map.insert("orientation".into(), record.orientation.into());
+    map.insert("latitude".into(), record.latitude.into());
+    map.insert("longitude".into(), record.longitude.into());
+    map.insert("altitude".into(), record.altitude.into());
+    map.insert("capture_time".into(), record.capture_time.clone().into());
+    map.insert("error".into(), record.error.clone().into());
+    serde_json::Value::Object(map)
+}
+
+/// Counts over the records for `summary.json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Counts {
+    pub images: usize,
+    pub classified: usize,
+    /// Inputs that could not be read or decoded (rows with an error).
+    pub refused: usize,
+    /// Classified photos with no GPS position (in the CSV, not on the map).
+    pub without_gps: usize,
+    pub per_class: BTreeMap<String, usize>,
+}
+
+pub fn counts(records: &[Record], classes: &[String]) -> Counts {
+    let mut per_class: BTreeMap<String, usize> = classes.iter().map(|c| (c.clone(), 0)).collect();
+    for class in records.iter().filter_map(|r| r.class.as_ref()) {
+        *per_class.entry(class.clone()).or_default() += 1;
+    }
+    let classified = records.iter().filter(|r| r.class.is_some()).count();
+    Counts {
+        images: records.len(),
+        classified,
+        refused: records.len() - classified,
+        without_gps: records.iter().filter(|r| r.class.is_some() && !r.has_gps()).count(),
+        per_class,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn classes() -> Vec<String> {
+        ["C0", "C2", "C4"].map(String::from).to_vec()
+    }
+
+    #[test]
+    fn the_csv_quotes_and_leaves_absent_values_empty() {
+        let mut good = Record::new("a, \"b\".jpg".into(), Some("ab".into()), Some((4, 3)), None);
+        good.predicted(&classes(), vec![0.25, 0.5, 0.25], 2);
+        let mut bad = Record::new("bad.jpg".into(), None, None, None);
+        bad.error = Some("JPEG: not a JPEG file".into());
+        let text = String::from_utf8(csv_bytes(&[good, bad], &classes(), 2).unwrap()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "path,sha256,class,probability,probability_C0,probability_C2,probability_C4,top1_class,\
+             top1_probability,top2_class,top2_probability,width,height,orientation,latitude,longitude,\
+             altitude,capture_time,error"
+        );
+        // Equal probabilities keep the class order (C0 before C4).
+        assert_eq!(lines[1], "\"a, \"\"b\"\".jpg\",ab,C2,0.5,0.25,0.5,0.25,C2,0.5,C0,0.25,4,3,,,,,,");
+        assert_eq!(lines[2], "bad.jpg,,,,,,,,,,,,,,,,,,JPEG: not a JPEG file");
+    }
+
+    #[test]
+    fn only_photos_with_a_position_are_features_and_counts_say_so() {
+        let mut mapped = Record::new("m.jpg".into(), None, None, None);
+        mapped.predicted(&classes(), vec![0.1, 0.2, 0.7], 0);
+        (mapped.latitude, mapped.longitude, mapped.altitude) = (Some(-33.5), Some(151.25), Some(-2.0));
+        let mut unmapped = mapped.clone();
+        (unmapped.path, unmapped.latitude, unmapped.longitude) = ("u.jpg".into(), None, None);
+        let records = [mapped, unmapped];
+        let geojson: serde_json::Value =
+            serde_json::from_slice(&geojson_bytes(&records, &classes()).unwrap()).unwrap();
+        let features = geojson["features"].as_array().unwrap();
+        assert_eq!(features.len(), 1);
+        assert_eq!(features[0]["geometry"]["coordinates"], serde_json::json!([151.25, -33.5, -2.0]));
+        assert_eq!(features[0]["properties"]["class"], "C4");
+        // Printed as in the CSV: 0.7f32 is 0.699999988079071 as an f64.
+        let text = String::from_utf8(geojson_bytes(&records, &classes()).unwrap()).unwrap();
+        assert!(text.contains("\"probability_C4\":0.7,"), "{text}");
+        let counts = counts(&records, &classes());
+        assert_eq!((counts.images, counts.classified, counts.without_gps), (2, 2, 1));
+        assert_eq!(counts.per_class["C4"], 2);
+        assert_eq!(parse_jsonl(&jsonl_bytes(&records).unwrap()).unwrap(), records);
+    }
+}
