@@ -65,9 +65,10 @@ fn webdataset_reads_every_sample_and_verify_names_a_flipped_shard() {
         files.sort();
         for file in files {
             let sha256 = hex::encode(Sha256::digest(std::fs::read(&file).unwrap()));
+            let path = file.strip_prefix(&data).unwrap().to_str().unwrap().to_string();
             expected.insert(
                 format!("train-{:09}", expected.len()),
-                serde_json::json!({"cls": label, "sha256": sha256}),
+                serde_json::json!({"cls": label, "sha256": sha256, "path": path}),
             );
         }
     }

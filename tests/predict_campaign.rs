@@ -124,8 +124,8 @@ fn a_campaign_folder_and_its_shards_agree_with_torchvision_pillow_and_geojson() 
     let out = dir.path().join("out");
     let rows = csv_rows(&out.join("predictions.csv"));
     let names: Vec<&str> = rows.iter().map(|r| r["path"].as_str()).collect();
-    // 12 validation photos, the extensionless copy, 5 tagged photos, 3 bad files; no README.
-    assert_eq!(rows.len(), 12 + 1 + 5 + 3, "{names:?}");
+    // 12 validation photos, the extensionless copy, 6 tagged photos, 3 bad files; no README.
+    assert_eq!(rows.len(), 12 + 1 + 6 + 3, "{names:?}");
     let mut sorted = names.clone();
     sorted.sort();
     assert_eq!(names, sorted, "rows are in the sorted order of their paths");
@@ -182,6 +182,14 @@ fn a_campaign_folder_and_its_shards_agree_with_torchvision_pillow_and_geojson() 
     }
     let untagged = rows.iter().find(|r| r["path"] == "campaign/day2/nogps.jpg").unwrap();
     assert!(untagged["latitude"].is_empty() && untagged["capture_time"].is_empty(), "{untagged:?}");
+    // A malformed GPS block is no position and a warning, and the photo is still classified.
+    let malformed = rows.iter().find(|r| r["path"] == "campaign/day2/badgps.jpg").unwrap();
+    assert!(malformed["latitude"].is_empty() && !malformed["class"].is_empty(), "{malformed:?}");
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("campaign/day2/badgps.jpg: GPS block not read (GPSLatitudeRef is 'X'"),
+        "{stderr}"
+    );
 
     // The GeoJSON: valid for the geojson package, one point per tagged photo.
     let geojson = reference(&["geojson".as_ref(), out.join("predictions.geojson").as_os_str()]);
@@ -189,15 +197,15 @@ fn a_campaign_folder_and_its_shards_agree_with_torchvision_pillow_and_geojson() 
     assert_eq!(geojson["points"].as_array().unwrap().len(), 4, "{geojson}");
 
     let summary = json_file(&out.join("summary.json"));
-    assert_eq!(summary["images"], 21, "{summary}");
+    assert_eq!(summary["images"], 22, "{summary}");
     assert_eq!(summary["refused"], 3, "{summary}");
-    assert_eq!(summary["without_gps"], 18 - 4, "{summary}");
+    assert_eq!(summary["without_gps"], 19 - 4, "{summary}");
     assert_eq!(summary["ignored_files"], 1, "{summary}");
     let per_class: u64 =
         summary["per_class"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
-    assert_eq!(per_class, 18, "{summary}");
+    assert_eq!(per_class, 19, "{summary}");
     let jsonl = std::fs::read_to_string(out.join("predictions.jsonl")).unwrap();
-    assert_eq!(jsonl.lines().count(), 21);
+    assert_eq!(jsonl.lines().count(), 22);
 
     // --on-bad-image error: the job fails, naming the first bad image it meets.
     let strict =
@@ -207,12 +215,18 @@ fn a_campaign_folder_and_its_shards_agree_with_torchvision_pillow_and_geojson() 
     assert!(bad.iter().any(|b| stderr.contains(&format!("{b}: cannot decode"))), "{stderr}");
     assert!(!dir.path().join("strict/predictions.csv").exists());
 
-    // The same photos as shards (stored unchanged): the same probabilities, matched by sha256.
+    // The same photos as shards (stored unchanged): each sample is named by its source photo
+    // (`<key>.json`), with the same sha256 and the same probabilities.
     common::rtrain(dir.path()).args(["data", "prepare"]).arg(&data).arg("shards").assert().success();
     let output = predict(dir.path(), &model, "from-shards").arg("shards").output().unwrap();
     common::assert_success(output, "rtrain predict --out on shards");
     let from_shards = csv_rows(&dir.path().join("from-shards/predictions.csv"));
     assert_eq!(from_shards.len(), 6 * 4 + 3 * 4, "every sample of both splits");
+    for row in &from_shards {
+        let source = data.join(row["path"].strip_prefix("shards/").unwrap());
+        let bytes = std::fs::read(&source).unwrap_or_else(|e| panic!("{}: {e}", source.display()));
+        assert_eq!(row["sha256"], hex_sha256(&bytes), "{}", row["path"]);
+    }
     let mut compared = 0;
     for row in &good {
         for twin in from_shards.iter().filter(|r| r["sha256"] == row["sha256"]) {
@@ -224,6 +238,34 @@ fn a_campaign_folder_and_its_shards_agree_with_torchvision_pillow_and_geojson() 
         }
     }
     assert!(compared >= 12, "only {compared} shard samples matched a photo by sha256");
+
+    // Geotagged photos re-encoded smaller (`--resize` drops their Exif): the shards keep
+    // where each was taken, and the predictions map them as the photos themselves.
+    let tagged = dir.path().join("tagged/val/photos");
+    std::fs::create_dir_all(&tagged).unwrap();
+    for file in ["ne.jpg", "nw.jpg", "se.jpg", "sw.jpg", "nogps.jpg"] {
+        std::fs::copy(dir.path().join("campaign/day2").join(file), tagged.join(file)).unwrap();
+    }
+    common::rtrain(dir.path())
+        .args(["data", "prepare", "tagged", "tagged-shards", "--splits", "val", "--resize", "24"])
+        .assert()
+        .success();
+    let output = predict(dir.path(), &model, "tagged-out").arg("tagged-shards").output().unwrap();
+    common::assert_success(output, "rtrain predict --out on resized shards");
+    let mapped = csv_rows(&dir.path().join("tagged-out/predictions.csv"));
+    assert_eq!(mapped.len(), 5);
+    for row in &mapped {
+        let file = row["path"].strip_prefix("tagged-shards/val/photos/").unwrap();
+        let photo = rows.iter().find(|r| r["path"] == format!("campaign/day2/{file}")).unwrap();
+        for key in ["sha256", "width", "height", "latitude", "longitude", "altitude", "capture_time"] {
+            assert_eq!(row[key], photo[key], "{file} {key}");
+        }
+    }
+}
+
+fn hex_sha256(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
 }
 
 /// `n` JPEGs of `size` pixels under `dir/many`, for a job long enough to interrupt.

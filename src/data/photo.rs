@@ -55,6 +55,12 @@ impl PhotoTags {
     }
 }
 
+/// The size an encoded image's header declares, as stored (before any Exif orientation);
+/// None when it is not a readable JPEG or PNG header.
+pub fn stored_size(bytes: &[u8]) -> Option<(u32, u32)> {
+    image::ImageReader::new(Cursor::new(bytes)).with_guessed_format().ok()?.into_dimensions().ok()
+}
+
 /// The GPS position, `Ok(None)` when the photo has no latitude and longitude, or why the ones
 /// it has cannot be read.
 fn gps_position(exif: &Exif) -> Result<Option<GpsPosition>, String> {

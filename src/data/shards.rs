@@ -1,8 +1,10 @@
 //! WebDataset shards: the form rtrain reads fast, stages to node-local disk and verifies.
 //!
 //! `rtrain data prepare SRC OUT` turns an image tree (`SRC/<split>/<class>/*.jpg|png`) into
-//! `OUT/<split>-NNNNNN.tar` shards of `<key>.jpg|png` + `<key>.cls` (the label as decimal text),
-//! the layout Python's `webdataset` reads, plus `OUT/manifest.json`: classes, samples per split
+//! `OUT/<split>-NNNNNN.tar` shards of `<key>.jpg|png`, `<key>.cls` (the label as decimal text)
+//! and `<key>.json` (the sample's provenance, [`SampleSource`]: its source path, sha256, size,
+//! Exif orientation, GPS and capture time, which `--resize` would otherwise lose), the layout
+//! Python's `webdataset` reads, plus `OUT/shards.json`: classes, samples per split
 //! and class, and each shard's size and sha256. Samples are shuffled across shards (a streaming
 //! reader's shuffle buffer then sees every class), and keys are `<split>-<index>` with the index
 //! of the sample in the source tree's order, so [`ShardSet`] can restore that order and a shard
@@ -32,6 +34,7 @@ use super::decode::{decode_request, reduced_len, DecodeOptions, Request, MAX_IMA
 use super::encode::{encode_jpeg, Subsampling};
 use super::folder::ImageFolder;
 use super::ingest::atomic_dir::{self, AtomicDirError};
+use super::photo::{self, PhotoTags};
 use super::transforms::{largest_reduction, resize_rgb, Crop};
 use crate::util::files::read_regular;
 
@@ -201,10 +204,44 @@ fn sample_key(split: &str, index: usize) -> String {
     format!("{split}-{index:09}")
 }
 
-/// One sample's stored bytes and extension: the file itself, or a JPEG re-encoded to `resize`.
-fn sample_bytes(path: &Path, options: &PrepareOptions) -> Result<(Vec<u8>, &'static str), ShardError> {
+/// `<key>.json` beside each sample: where it came from, as the source file says (not the
+/// re-encoded copy), so that a prediction on shards names and maps the original photo.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SampleSource {
+    /// The source file's path relative to `data prepare`'s SRC (`val/C2/IMG_0042.jpg`; a
+    /// name that is not UTF-8 is written lossily).
+    pub path: String,
+    /// sha256 of the source file.
+    pub sha256: String,
+    /// The source image's stored size.
+    pub width: Option<u32>,
+    pub height: Option<u32>,
+    #[serde(flatten)]
+    pub tags: PhotoTags,
+}
+
+impl SampleSource {
+    /// The provenance of the source file `bytes`, found at `relative` under SRC.
+    pub fn of(relative: &Path, bytes: &[u8]) -> SampleSource {
+        let size = photo::stored_size(bytes);
+        SampleSource {
+            path: relative.to_string_lossy().into_owned(),
+            sha256: hex::encode(Sha256::digest(bytes)),
+            width: size.map(|s| s.0),
+            height: size.map(|s| s.1),
+            tags: PhotoTags::of(bytes),
+        }
+    }
+}
+
+/// One sample's stored bytes and extension: the source file's `bytes` themselves, or a JPEG
+/// re-encoded to `resize`.
+fn sample_bytes(
+    path: &Path,
+    bytes: Vec<u8>,
+    options: &PrepareOptions,
+) -> Result<(Vec<u8>, &'static str), ShardError> {
     let Some(short) = options.resize else {
-        let bytes = read_regular(path, MAX_IMAGE_FILE_BYTES).map_err(io_err(path))?;
         // The stored extension follows the content, so a PNG named .jpg stays decodable by name.
         let ext = match image::guess_format(&bytes) {
             Ok(image::ImageFormat::Png) => "png",
@@ -212,7 +249,6 @@ fn sample_bytes(path: &Path, options: &PrepareOptions) -> Result<(Vec<u8>, &'sta
         };
         return Ok((bytes, ext));
     };
-    let bytes = read_regular(path, MAX_IMAGE_FILE_BYTES).map_err(io_err(path))?;
     // Decoded and resampled as training decodes and resamples (DCT-scaled as far as the new
     // size allows, PIL's antialiased bilinear filter), so a prepared image is what training
     // would have made of the original at that size.
@@ -298,9 +334,13 @@ pub fn prepare(src: &Path, out: &Path, options: &PrepareOptions) -> Result<Shard
         for index in order {
             let (path, label) = &folder.samples[index];
             per_class[*label] += 1;
-            let (bytes, ext) = sample_bytes(path, options)?;
+            let original = read_regular(path, MAX_IMAGE_FILE_BYTES).map_err(io_err(path))?;
+            let source = SampleSource::of(path.strip_prefix(src).unwrap_or(path), &original);
+            let source = serde_json::to_vec(&source).expect("a sample's source serialises");
+            let (bytes, ext) = sample_bytes(path, original, options)?;
             let label_text = label.to_string();
-            let size = member_bytes(bytes.len()) + member_bytes(label_text.len());
+            let size =
+                member_bytes(bytes.len()) + member_bytes(label_text.len()) + member_bytes(source.len());
             // Close the current shard when this sample would overfill it (tar's 1 KiB end marker
             // included), unless it is still empty.
             if let Some((_, _, written, samples)) = &writer {
@@ -318,6 +358,7 @@ pub fn prepare(src: &Path, out: &Path, options: &PrepareOptions) -> Result<Shard
             let key = sample_key(split, index);
             append(builder, &format!("{key}.{ext}"), &bytes).map_err(io_err(shard_path))?;
             append(builder, &format!("{key}.cls"), label_text.as_bytes()).map_err(io_err(shard_path))?;
+            append(builder, &format!("{key}.json"), &source).map_err(io_err(shard_path))?;
             *written += size;
             *samples += 1;
         }
@@ -504,6 +545,9 @@ struct SampleRef {
     offset: usize,
     len: usize,
     label: usize,
+    /// Where its `<key>.json` ([`SampleSource`]) is in the shard, if it has one (shards of
+    /// rtrain before 0.2 do not).
+    source: Option<(usize, usize)>,
 }
 
 /// One split of a shard directory, indexed and memory-mapped.
@@ -553,6 +597,7 @@ impl ShardSet {
             let map = unsafe { Mmap::map(&file) }.map_err(io_err(&path))?;
             let mut images: BTreeMap<String, (usize, usize)> = BTreeMap::new();
             let mut labels: BTreeMap<String, usize> = BTreeMap::new();
+            let mut sources: BTreeMap<String, (usize, usize)> = BTreeMap::new();
             let mut archive = tar::Archive::new(io::Cursor::new(&map[..]));
             for entry in archive.entries_with_seek().map_err(|e| bad(e.to_string()))? {
                 let entry = entry.map_err(|e| bad(format!("reading the tar headers: {e}")))?;
@@ -585,6 +630,9 @@ impl ShardSet {
                     "jpg" | "jpeg" | "png" => {
                         images.insert(key, (offset, size));
                     }
+                    "json" => {
+                        sources.insert(key, (offset, size));
+                    }
                     _ => {}
                 }
             }
@@ -592,7 +640,8 @@ impl ShardSet {
                 let label = labels
                     .remove(&key)
                     .ok_or_else(|| bad(format!("sample {key} has an image but no .cls label")))?;
-                samples.push(SampleRef { key, shard: shard_index, offset, len, label });
+                let source = sources.get(&key).copied();
+                samples.push(SampleRef { key, shard: shard_index, offset, len, label, source });
             }
             if let Some(key) = labels.keys().next() {
                 return Err(bad(format!("sample {key} has a .cls label but no image")));
@@ -617,6 +666,25 @@ impl ShardSet {
     /// Sample `index`'s key (`<split>-<number>`, the name its files share in the shard).
     pub fn key(&self, index: usize) -> Option<&str> {
         self.samples.get(index).map(|s| s.key.as_str())
+    }
+
+    /// Sample `index`'s provenance from its `<key>.json`; None when the shard has none or it
+    /// cannot be read (a warning names the sample).
+    pub fn source(&self, index: usize) -> Option<SampleSource> {
+        let sample = self.samples.get(index)?;
+        match self.read_source(sample)? {
+            Ok(source) => Some(source),
+            Err(error) => {
+                let shard = self.shards[sample.shard].0.display();
+                tracing::warn!("{shard}: {}.json is not a sample's source: {error}", sample.key);
+                None
+            }
+        }
+    }
+
+    fn read_source(&self, sample: &SampleRef) -> Option<Result<SampleSource, serde_json::Error>> {
+        let (offset, len) = sample.source?;
+        Some(serde_json::from_slice(&self.shards[sample.shard].1[offset..offset + len]))
     }
 }
 
@@ -646,11 +714,14 @@ impl Dataset for ShardSet {
         Ok(Cow::Borrowed(&self.shards[sample.shard].1[sample.offset..sample.offset + sample.len]))
     }
 
+    /// `shard.tar:key`, and the source file's path when the shard records it.
     fn describe(&self, index: usize) -> String {
-        self.samples.get(index).map_or_else(
-            || format!("#{index}"),
-            |s| format!("{}:{}", self.shards[s.shard].0.display(), s.key),
-        )
+        let Some(sample) = self.samples.get(index) else { return format!("#{index}") };
+        let at = format!("{}:{}", self.shards[sample.shard].0.display(), sample.key);
+        match self.read_source(sample) {
+            Some(Ok(source)) => format!("{at} ({})", source.path),
+            _ => at,
+        }
     }
 
     fn files(&self) -> Vec<PathBuf> {

@@ -3,6 +3,9 @@
 //! gathered into one list in a stable order (sorted by name), behind the loader's
 //! [`Dataset`] trait.
 //!
+//! A shard set's samples are named by the source photo's path that `data prepare` recorded
+//! (`<key>.json`), so they are named, hashed and mapped as the photos they were made from.
+//!
 //! In a directory an image is recognised by its content (a JPEG's or PNG's first bytes), so a
 //! camera's `IMG_0001.JPG`, a phone's extensionless export and `photo.jpeg` are all found;
 //! a file with an image's extension whose content is not an image stays in the list, to be
@@ -15,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use crate::data::dataset::{DataError, Dataset};
 use crate::data::decode::MAX_IMAGE_FILE_BYTES;
-use crate::data::shards::{self, ShardError, ShardSet};
+use crate::data::shards::{self, SampleSource, ShardError, ShardSet};
 use crate::util::files::{open_regular, read_regular};
 
 #[derive(Debug, thiserror::Error)]
@@ -115,9 +118,15 @@ impl Inputs {
         for split in manifest.splits.keys() {
             let set = ShardSet::open(root, split)?;
             let index_of_set = self.shard_sets.len();
+            let root_name = root.to_string_lossy();
+            let root_name = root_name.trim_end_matches('/');
             for index in 0..set.len() {
-                let key = set.key(index).unwrap_or_default();
-                let name = format!("{}/{split}/{key}", root.to_string_lossy().trim_end_matches('/'));
+                // The source photo's path under the shard set when the shard records it (so
+                // the rows of a tree and of its shards have the same names below their roots).
+                let name = match set.source(index) {
+                    Some(source) => format!("{root_name}/{}", source.path),
+                    None => format!("{root_name}/{split}/{}", set.key(index).unwrap_or_default()),
+                };
                 self.items.push(Input { name, source: Source::Shard { set: index_of_set, index } });
             }
             self.shard_sets.push(set);
@@ -160,6 +169,14 @@ impl Inputs {
     /// The name outputs give input `index`.
     pub fn name(&self, index: usize) -> &str {
         self.items.get(index).map_or("", |input| input.name.as_str())
+    }
+
+    /// Where shard sample `index` came from, as its shard records it (None for a file).
+    pub fn shard_source(&self, index: usize) -> Option<SampleSource> {
+        match self.items.get(index)?.source {
+            Source::Shard { set, index } => self.shard_sets[set].source(index),
+            Source::File(_) => None,
+        }
     }
 
     /// Every input's name, in order (what ranks compare to know they see the same inputs).

@@ -4,7 +4,7 @@ Usage:
   python predict_reference.py geotag OUT_DIR
       Writes JPEG photos tagged by Pillow: one per hemisphere (NE, NW, SE, SW) with GPSLatitude,
       GPSLongitude, GPSAltitude (one below sea level), DateTimeOriginal and OffsetTimeOriginal,
-      and one without GPS. Prints {file name: {"latitude", "longitude", "altitude",
+      one without GPS, and one whose GPSLatitudeRef is "X". Prints {file name: {"latitude", "longitude", "altitude",
       "capture_time"}} with the values written (decimal degrees, metres).
   python predict_reference.py predict ARCH NUM_CLASSES WEIGHTS.safetensors SIZE IMAGE...
       The obvious PyTorch way: torchvision's ARCH with the weights `rtrain export` wrote,
@@ -73,6 +73,11 @@ def geotag(out):
             "capture_time": iso,
         }
     Image.new("RGB", (40, 40), (10, 200, 10)).save(os.path.join(out, "nogps.jpg"), quality=90)
+    # A malformed GPS block: a latitude reference that is neither N nor S.
+    exif = Image.Exif()
+    gps = exif.get_ifd(GPS_IFD)
+    gps[1], gps[2], gps[3], gps[4] = "X", dms(10.5), "E", dms(20.25)
+    Image.new("RGB", (40, 40), (200, 10, 10)).save(os.path.join(out, "badgps.jpg"), exif=exif, quality=90)
     print(json.dumps(written))
 
 

@@ -1,5 +1,6 @@
 """Reads rtrain's shards with Python's `webdataset` (the reference reader) and prints, per
-sample key, the label and the sha256 of the stored image bytes, as JSON.
+sample key, the label, the sha256 of the stored image bytes, and the source path its `.json`
+member records, as JSON.
 
     python read_webdataset.py SHARD_DIR SPLIT
 """
@@ -21,6 +22,7 @@ def main():
         samples[sample["__key__"]] = {
             "cls": int(sample["cls"]),
             "sha256": hashlib.sha256(image).hexdigest(),
+            "path": json.loads(sample["json"])["path"],
         }
     print(json.dumps(samples))
 
