@@ -107,7 +107,7 @@ def main():
         photos = work / "photos"
         if not photos.exists():
             quiet([args.rtrain, "data", "synth", str(photos), "--layout", "designsafe", "--train-images",
-                   str(args.photos), "--val-images", "1", "--photo-scale", str(args.photo_scale)])
+                   str(args.photos), "--val-images", "3", "--photo-scale", str(args.photo_scale)])
         campaign = photos / "Train"
         threads = ["--set", f"train.threads={args.cores}", "--set", f"data.workers={args.workers}"]
         per_rank = ["--set", "train.threads=1", "--set", f"data.workers={max(1, args.workers // 2)}"]

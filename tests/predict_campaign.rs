@@ -55,9 +55,13 @@ fn trained_model(dir: &Path, train_per_class: usize, val_per_class: usize, photo
     dir.join("run/model.safetensors")
 }
 
+/// Batches of 4, so that parts of 4 images are possible (parts are whole batches).
+const SMALL_BATCHES: [&str; 2] = ["--set", "data.eval_batch_size=4"];
+
 fn predict(dir: &Path, model: &Path, out: &str) -> assert_cmd::Command {
     let mut command = common::rtrain(dir);
-    command.args(["predict", "--checkpoint"]).arg(model).args(AS_TORCHVISION).args(["--out", out]);
+    command.args(["predict", "--checkpoint"]).arg(model).args(AS_TORCHVISION).args(SMALL_BATCHES);
+    command.args(["--out", out]);
     command
 }
 
@@ -313,6 +317,7 @@ fn interrupt(dir: &Path, model: &Path, many: &Path, out: &str, signal: i32) -> s
         .args(["predict", "--checkpoint"])
         .arg(model)
         .args(AS_TORCHVISION)
+        .args(SMALL_BATCHES)
         .args(["--out", out, "--part-size", "4", "--set", "train.threads=1", "--set", "data.workers=0"])
         .arg(many)
         .spawn()
@@ -354,6 +359,7 @@ fn ranks_workers_and_interruptions_do_not_change_a_byte() {
         .args(["predict", "--checkpoint"])
         .arg(&model)
         .args(AS_TORCHVISION)
+        .args(SMALL_BATCHES)
         .args(["--out", "mpi", "--part-size", "4", "--set", "train.threads=1", "--set", "data.workers=1"])
         .arg(&many)
         .output()
@@ -373,8 +379,9 @@ fn ranks_workers_and_interruptions_do_not_change_a_byte() {
         }
         assert!((1..40).contains(&done), "{out}: {done} of 40 parts done when stopped");
         assert!(!stopped.join("predictions.csv").exists(), "{out}: merged files before the end");
+        // Without --part-size: the continued job's parts of 4 (job.json).
         let again = predict(dir.path(), &model, out)
-            .args(["--part-size", "4", "--set", "train.threads=1", "--set", "data.workers=0"])
+            .args(["--set", "train.threads=1", "--set", "data.workers=0"])
             .arg(&many)
             .output()
             .unwrap();
@@ -385,7 +392,7 @@ fn ranks_workers_and_interruptions_do_not_change_a_byte() {
     }
 
     // A rerun into a directory of another job is refused, naming it.
-    let other = predict(dir.path(), &model, "w0").args(["--part-size", "3"]).arg(&many).output().unwrap();
+    let other = predict(dir.path(), &model, "w0").args(["--part-size", "8"]).arg(&many).output().unwrap();
     assert_eq!(other.status.code(), Some(1));
     assert!(text(&other.stderr).contains("holds the parts of another prediction"), "{}", text(&other.stderr));
 }

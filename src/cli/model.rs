@@ -52,9 +52,11 @@ pub struct PredictArgs {
     /// A file listing inputs, one path per line (with --out; may be repeated).
     #[arg(long, value_name = "FILE", requires = "out")]
     pub from_list: Vec<PathBuf>,
-    /// Images per part of the job: the unit a rank writes, and a rerun skips when done.
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..), requires = "out")]
-    pub part_size: u32,
+    /// Images per part of the job (rounded up to a multiple of the batch size): the unit a rank
+    /// writes, and a rerun skips when done. Default: the continued job's, or for a new job
+    /// about four parts per rank, at most 1024 images.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), requires = "out")]
+    pub part_size: Option<u32>,
     /// With --out: an unreadable or undecodable image is a row with its error (`row`), or
     /// ends the job (`error`). Without --out any bad image is an error.
     #[arg(long, value_enum, default_value_t = OnBadImage::Row)]
@@ -78,7 +80,7 @@ impl PredictArgs {
             lists: self.from_list,
             out,
             top: self.top.unwrap_or(0),
-            part_size: self.part_size as usize,
+            part_size: self.part_size.map(|size| size as usize),
             on_bad_image: self.on_bad_image,
         };
         let loaded = self.config.load().map(|loaded| loaded.config);

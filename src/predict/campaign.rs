@@ -1,15 +1,16 @@
 //! `rtrain predict --out DIR`: a whole campaign's photos classified as one rank of a job,
 //! resumably, with rank 0 merging the outputs.
 //!
-//! The inputs, in their sorted order, are cut into parts of `--part-size` images; part `p`
-//! belongs to rank `p % world_size`, and is classified in batches of `data.eval_batch_size`
-//! through the evaluation loader and transform. Parts are cut the same way at any world
-//! size, so each batch holds the same images and the numbers are the same bytes. A finished
-//! part is written atomically to `DIR/parts/part-NNNNNN.jsonl`; a rerun of the same command
-//! (same model, inputs and settings, checked against `DIR/parts/job.json`) skips the parts
-//! that exist. A stop signal ends the part in progress without writing it, and every rank stops
-//! at the same round (one small all-reduce per round of parts), with exit status 75. When every
-//! part exists, rank 0 writes the merged files, each atomically.
+//! The inputs, in their sorted order, are cut into parts of `--part-size` images (a multiple
+//! of `data.eval_batch_size`, so that no batch spans two parts and every batch but the last
+//! holds the same images whatever the part size or world size: the numbers are the same
+//! bytes); part `p` belongs to rank `p % world_size`. Each rank runs one loader over all of its
+//! parts (decoding runs ahead across part boundaries) and writes each finished part atomically
+//! to `DIR/parts/part-NNNNNN.jsonl`; a rerun of the same command (same model, inputs and
+//! settings, checked against `DIR/parts/job.json`, whose part size it reuses) skips the parts
+//! that exist. A stop signal ends a rank's work after its current batch, without writing the
+//! part in progress; the ranks learn of it at the end (one all-reduce), and all exit 75. When
+//! every part exists, rank 0 writes the merged files, each atomically.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,7 +26,7 @@ use super::outputs::{self, Record};
 use crate::cluster::signals::{self, StoppedBySignal};
 use crate::cluster::{self, Communicator};
 use crate::config::Config;
-use crate::data::dataset::Dataset;
+use crate::data::dataset::{DataError, Dataset};
 use crate::data::loader::{EpochBatches, Loader, LoaderOptions};
 use crate::data::photo::{self, PhotoTags};
 use crate::model::Model;
@@ -52,13 +53,17 @@ pub struct Request {
     pub out: PathBuf,
     /// Columns for the `top` most likely classes (0: none).
     pub top: usize,
-    pub part_size: usize,
+    /// Images per part; None: the part size of the job being continued, or for a new job
+    /// [`auto_part_size`].
+    pub part_size: Option<usize>,
     pub on_bad_image: OnBadImage,
 }
 
 /// What identifies a job's parts: a rerun continues only the same job.
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 struct JobKey {
+    /// Images per part (a multiple of the batch size).
+    part_size: usize,
     rtrain_version: String,
     model_sha256: String,
     /// sha256 over the inputs' names, in order.
@@ -67,7 +72,21 @@ struct JobKey {
     /// The configuration's hash (image size, transform, batch size, precision...).
     config_hash: String,
     top: usize,
-    part_size: usize,
+}
+
+/// A new job's part size: about four parts per rank (so that a stopped job keeps most of its
+/// work and ranks finish together), at most 1024 images, a multiple of `batch`.
+pub fn auto_part_size(images: usize, world_size: usize, batch: usize) -> usize {
+    aligned(images.div_ceil(4 * world_size.max(1)).clamp(1, 1024), batch)
+}
+
+/// `size` rounded up to a multiple of `batch`.
+fn aligned(size: usize, batch: usize) -> usize {
+    size.max(1).div_ceil(batch.max(1)) * batch.max(1)
+}
+
+fn part_range(part: usize, part_size: usize, images: usize) -> std::ops::Range<usize> {
+    part * part_size..((part + 1) * part_size).min(images)
 }
 
 /// `summary.json`.
@@ -115,57 +134,47 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
     let (model, meta) = checkpoint::load_model_on(&request.checkpoint, plan.compute.device)?;
     meta.warn_if_size_differs(&request.checkpoint, config.data.image_size);
     plan.compute.prepare_model(&model)?;
-    let key = JobKey {
+    let batch = plan.eval_loader().batch_size;
+    let mut key = JobKey {
+        part_size: 0,
         rtrain_version: env!("CARGO_PKG_VERSION").to_string(),
         model_sha256: sha256_file(&request.checkpoint)?,
         inputs_sha256,
         images: inputs.len(),
         config_hash: config.hash()?,
         top: request.top,
-        part_size: request.part_size.max(1),
     };
     let parts_dir = request.out.join("parts");
-    let prepared = if topology.is_root() { prepare_parts_dir(&parts_dir, &key) } else { Ok(()) };
-    cluster::agree(comm.as_ref(), prepared.map_err(|e| format!("{e:#}")))
+    let prepared = if topology.is_root() {
+        let asked = request.part_size.map(|size| aligned(size, batch));
+        let new_job = auto_part_size(inputs.len(), topology.world_size, batch);
+        prepare_parts_dir(&parts_dir, &key, asked, new_job)
+    } else {
+        Ok(0)
+    };
+    cluster::agree(comm.as_ref(), prepared.as_ref().map(|_| ()).map_err(|e| format!("{e:#}")))
         .map_err(|failures| anyhow::anyhow!("{}", cluster::describe_failures(&failures)))?;
+    let part_size = prepared?.to_string();
+    key.part_size = cluster::broadcast_string(comm.as_ref(), &part_size, 0).parse()?;
 
     let parts = inputs.len().div_ceil(key.part_size);
-    let world = topology.world_size;
-    let mut classified = 0usize;
-    let mut resumed = 0usize;
+    let mine: Vec<usize> = (topology.rank..parts).step_by(topology.world_size).collect();
+    let (done, todo): (Vec<usize>, Vec<usize>) =
+        mine.into_iter().partition(|&p| part_path(&parts_dir, p).exists());
     let classifier = Classifier { model: &model, classes: &meta.classes, plan: &plan, top: request.top };
-    for round in 0..parts.div_ceil(world) {
-        let part = round * world + topology.rank;
-        let mut stopped = false;
-        if part < parts {
-            let path = part_path(&parts_dir, part);
-            if path.exists() {
-                resumed += 1;
-            } else {
-                let range = part * key.part_size..((part + 1) * key.part_size).min(inputs.len());
-                let count = range.len();
-                match classifier.part(&inputs, range, request.on_bad_image)? {
-                    Some(records) => {
-                        write_atomic(&path, &outputs::jsonl_bytes(&records)?)?;
-                        classified += count;
-                    }
-                    None => stopped = true,
-                }
-            }
+    let classified = classifier.parts(&inputs, &todo, key.part_size, &parts_dir, request.on_bad_image)?;
+    let stopped = classified.is_none() || signals::requested().is_some();
+    // The one collective after the work: did any rank stop, and how much was done.
+    let mut totals = [f64::from(u8::from(stopped)), done.len() as f64, classified.unwrap_or(0) as f64];
+    comm.all_reduce_sum_f64(&mut totals);
+    if totals[0] > 0.0 {
+        let done = (0..parts).filter(|&p| part_path(&parts_dir, p).exists()).count();
+        return Err(StoppedBySignal {
+            what: format!("prediction into {} ({done} of {parts} parts done)", request.out.display()),
         }
-        // Every rank takes part in every round, so all stop at the same one.
-        let mut stop = [f64::from(u8::from(stopped || signals::requested().is_some()))];
-        comm.all_reduce_sum_f64(&mut stop);
-        if stop[0] > 0.0 {
-            let done = (0..parts).filter(|&p| part_path(&parts_dir, p).exists()).count();
-            return Err(StoppedBySignal {
-                what: format!("prediction into {} ({done} of {parts} parts done)", request.out.display()),
-            }
-            .into());
-        }
+        .into());
     }
-    let mut resumed_total = [resumed as f64, classified as f64];
-    comm.all_reduce_sum_f64(&mut resumed_total);
+    let world = topology.world_size;
     if !topology.is_root() {
         return Ok(None);
     }
@@ -184,11 +193,11 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
         counts: outputs::counts(&records, classes),
         ignored_files: inputs.ignored,
         parts,
-        parts_resumed: resumed_total[0] as usize,
+        parts_resumed: totals[1] as usize,
         ranks: world,
         compute: plan.compute.to_string(),
         wall_seconds,
-        images_per_second: resumed_total[1] / wall_seconds.max(1e-9),
+        images_per_second: totals[2] / wall_seconds.max(1e-9),
     };
     let mut json = serde_json::to_vec_pretty(&summary)?;
     json.push(b'\n');
@@ -215,9 +224,11 @@ fn names_digest(inputs: &Inputs) -> String {
     hex::encode(hasher.finalize())
 }
 
-/// Creates `DIR/parts` with the job's key, or checks that the parts there are this job's and
-/// removes the temporaries of writes a killed job left (before any rank writes again).
-fn prepare_parts_dir(parts_dir: &Path, key: &JobKey) -> Result<()> {
+/// Creates `DIR/parts` with the job's key, or checks that the parts there are this job's, and
+/// removes the temporaries of writes a killed job left (before any rank writes again). Returns
+/// the part size: the existing job's (which `asked`, if given, must equal), or for a new job
+/// `asked` or else `new_job`.
+fn prepare_parts_dir(parts_dir: &Path, key: &JobKey, asked: Option<usize>, new_job: usize) -> Result<usize> {
     std::fs::create_dir_all(parts_dir).with_context(|| format!("creating {}", parts_dir.display()))?;
     for entry in std::fs::read_dir(parts_dir).with_context(|| format!("listing {}", parts_dir.display()))? {
         let entry = entry.with_context(|| format!("listing {}", parts_dir.display()))?;
@@ -231,27 +242,32 @@ fn prepare_parts_dir(parts_dir: &Path, key: &JobKey) -> Result<()> {
         Ok(bytes) => {
             let found: JobKey = serde_json::from_slice(&bytes)
                 .with_context(|| format!("{}: not the key of a prediction job", job_file.display()))?;
-            if found != *key {
+            let expected = JobKey { part_size: asked.unwrap_or(found.part_size), ..key.clone() };
+            if found != expected {
                 bail!(
-                    "{} holds the parts of another prediction (model {}, {} images, settings {}; this one: \
-                     model {}, {} images, settings {}): choose another --out, or remove {} to start over",
+                    "{} holds the parts of another prediction (model {}, {} images, settings {}, parts of {}; \
+                     this one: model {}, {} images, settings {}, parts of {}): choose another --out, or \
+                     remove {} to start over",
                     parts_dir.display(),
                     short(&found.model_sha256),
                     found.images,
                     short(&found.config_hash),
-                    short(&key.model_sha256),
-                    key.images,
-                    short(&key.config_hash),
+                    found.part_size,
+                    short(&expected.model_sha256),
+                    expected.images,
+                    short(&expected.config_hash),
+                    expected.part_size,
                     parts_dir.display()
                 );
             }
-            Ok(())
+            Ok(found.part_size)
         }
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            let mut json = serde_json::to_vec_pretty(key)?;
+            let key = JobKey { part_size: asked.unwrap_or(new_job), ..key.clone() };
+            let mut json = serde_json::to_vec_pretty(&key)?;
             json.push(b'\n');
             write_atomic(&job_file, &json)?;
-            Ok(())
+            Ok(key.part_size)
         }
         Err(error) => Err(error).with_context(|| format!("reading {}", job_file.display())),
     }
@@ -269,7 +285,7 @@ fn read_parts(parts_dir: &Path, parts: usize, inputs: &Inputs, part_size: usize)
         let bytes = std::fs::read(&path).with_context(|| format!("reading part {}", path.display()))?;
         let part_records = outputs::parse_jsonl(&bytes)
             .with_context(|| format!("{}: not a part of predictions", path.display()))?;
-        let expected = (part * part_size..((part + 1) * part_size).min(inputs.len())).map(|i| inputs.name(i));
+        let expected = part_range(part, part_size, inputs.len()).map(|i| inputs.name(i));
         if !part_records.iter().map(|r| r.path.as_str()).eq(expected) {
             bail!("{} does not hold the images of part {part}: remove it and run again", path.display());
         }
@@ -287,55 +303,70 @@ struct Classifier<'a> {
 }
 
 impl Classifier<'_> {
-    /// The records of inputs `range`, or None when a stop signal came first.
-    fn part(
+    /// Classifies `parts` (in order) with one loader, writing each part to `parts_dir` when
+    /// its last batch is done; returns the images classified, or None when a stop signal came
+    /// first (the part in progress is not written).
+    fn parts(
         &self,
         inputs: &Arc<Inputs>,
-        range: std::ops::Range<usize>,
+        parts: &[usize],
+        part_size: usize,
+        parts_dir: &Path,
         on_bad_image: OnBadImage,
-    ) -> Result<Option<Vec<Record>>> {
-        let first = range.start;
-        let mut records = describe_files(inputs, range.clone(), self.plan.loader_workers.max(1));
+    ) -> Result<Option<usize>> {
         let options = LoaderOptions { skip_bad_samples: true, ..self.plan.eval_loader() };
-        let order: Vec<usize> = range.collect();
-        let batches = EpochBatches::every_sample(order.len(), options.batch_size);
+        let batch_size = options.batch_size;
+        let order: Vec<usize> = parts.iter().flat_map(|&p| part_range(p, part_size, inputs.len())).collect();
+        let batches = EpochBatches::every_sample(order.len(), batch_size);
         let dataset: Arc<dyn Dataset> = inputs.clone();
-        let loader = Loader::new(dataset, order, self.plan.eval_transform(), batches, options);
-        let compute = &self.plan.compute;
-        for batch in loader {
-            if signals::requested().is_some() {
-                return Ok(None);
-            }
-            let batch = batch?;
-            for skipped in batch.skipped {
-                let reason = match skipped.error {
-                    crate::data::dataset::DataError::Decode { source, .. } => {
-                        format!("cannot decode: {source}")
-                    }
-                    crate::data::dataset::DataError::Io { source, .. } => format!("cannot read: {source}"),
-                    other => other.to_string(),
-                };
-                if on_bad_image == OnBadImage::Error {
-                    bail!("{}: {reason} (--on-bad-image error)", inputs.name(skipped.index));
+        let mut loader = Loader::new(dataset, order, self.plan.eval_transform(), batches, options);
+        let mut classified = 0;
+        for &part in parts {
+            let range = part_range(part, part_size, inputs.len());
+            let first = range.start;
+            // Hashing and Exif run here while the loader's workers decode ahead.
+            let mut records = describe_files(inputs, range.clone(), self.plan.loader_workers.max(1));
+            // Part sizes are multiples of the batch size: the part's batches are its own.
+            for batch in loader.by_ref().take(range.len().div_ceil(batch_size)) {
+                if signals::requested().is_some() {
+                    return Ok(None);
                 }
-                records[skipped.index - first].error = Some(reason);
+                let batch = batch?;
+                for skipped in batch.skipped {
+                    let reason = match skipped.error {
+                        DataError::Decode { source, .. } => format!("cannot decode: {source}"),
+                        DataError::Io { source, .. } => format!("cannot read: {source}"),
+                        other => other.to_string(),
+                    };
+                    if on_bad_image == OnBadImage::Error {
+                        bail!("{}: {reason} (--on-bad-image error)", inputs.name(skipped.index));
+                    }
+                    records[skipped.index - first].error = Some(reason);
+                }
+                if batch.indices.is_empty() {
+                    continue;
+                }
+                for (index, probabilities) in batch.indices.iter().zip(self.probabilities(&batch.images)?) {
+                    records[index - first].predicted(self.classes, probabilities, self.top);
+                }
             }
-            if batch.indices.is_empty() {
-                continue;
-            }
-            let probabilities = tch::no_grad(|| -> Result<Tensor> {
-                let images = compute.input(&batch.images)?;
-                let _autocast = compute.autocast()?;
-                Ok(self.model.forward_t(&images, false).to_kind(Kind::Float).softmax(-1, Kind::Float))
-            })?;
-            let probabilities = probabilities.to_device(tch::Device::Cpu).contiguous();
-            let flat: Vec<f32> =
-                Vec::try_from(probabilities.view([-1])).context("reading probabilities back")?;
-            for (&index, row) in batch.indices.iter().zip(flat.chunks(self.classes.len())) {
-                records[index - first].predicted(self.classes, row.to_vec(), self.top);
-            }
+            write_atomic(&part_path(parts_dir, part), &outputs::jsonl_bytes(&records)?)?;
+            classified += range.len();
         }
-        Ok(Some(records))
+        Ok(Some(classified))
+    }
+
+    /// Each image's class probabilities.
+    fn probabilities(&self, images: &Tensor) -> Result<Vec<Vec<f32>>> {
+        let compute = &self.plan.compute;
+        let probabilities = tch::no_grad(|| -> Result<Tensor> {
+            let images = compute.input(images)?;
+            let _autocast = compute.autocast()?;
+            Ok(self.model.forward_t(&images, false).to_kind(Kind::Float).softmax(-1, Kind::Float))
+        })?;
+        let probabilities = probabilities.to_device(tch::Device::Cpu).contiguous();
+        let flat: Vec<f32> = Vec::try_from(probabilities.view([-1])).context("reading probabilities back")?;
+        Ok(flat.chunks(self.classes.len()).map(<[f32]>::to_vec).collect())
     }
 }
 
@@ -378,5 +409,20 @@ fn describe_file(inputs: &Inputs, index: usize) -> Record {
 fn warn_gps_problem(name: &str, tags: &PhotoTags) {
     if let Some(problem) = &tags.gps_problem {
         tracing::warn!("{name}: GPS block not read ({problem}): no position");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_are_whole_batches_about_four_per_rank() {
+        assert_eq!(auto_part_size(160, 2, 4), 20);
+        assert_eq!(auto_part_size(160, 2, 16), 32);
+        assert_eq!(auto_part_size(3, 8, 64), 64);
+        assert_eq!(auto_part_size(1_000_000, 4, 64), 1024);
+        assert_eq!(aligned(5, 4), 8);
+        assert_eq!(part_range(2, 8, 20), 16..20);
     }
 }
