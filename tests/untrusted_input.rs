@@ -469,3 +469,74 @@ fn a_checkpoint_of_another_run_resumes_into_a_fresh_directory_to_the_end() {
         first_checkpoints.len()
     );
 }
+
+/// Case 17: a run directory from elsewhere only makes rtrain read inside it, and its manifest's
+/// configuration is checked as `train` checks its own. `verify` read and hashed any path a
+/// manifest named (`/dev/zero` hung it, `../x` left the directory); `reproduce` ran an
+/// `optim.lr = -1` that `train` refuses, and said "reproduced" for an edited configuration or
+/// another version without a word.
+#[test]
+fn a_manifest_from_elsewhere_reads_only_inside_its_run_and_is_validated() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let trained = common::rtrain(dir.path())
+        .args(["train", "--run-dir", "run"])
+        .args(["--set", &format!("data.root={:?}", data.display().to_string())])
+        .args(["--set", "data.image_size=32", "--set", "data.batch_size=4", "--set", "train.threads=1"])
+        .args(["--set", "train.epochs=1", "--set", "run.deterministic=true"])
+        .output()
+        .unwrap();
+    assert!(trained.status.success(), "{}", text(&trained.stderr));
+    let manifest_path = dir.path().join("run/manifest.json");
+    let pristine: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
+    std::fs::write(dir.path().join("outside.safetensors"), b"not in the run").unwrap();
+    let write = |manifest: &serde_json::Value| std::fs::write(&manifest_path, manifest.to_string()).unwrap();
+
+    let mut escaping = pristine.clone();
+    escaping["checkpoints"]["/dev/zero"] = "00".into();
+    escaping["checkpoints"]["../outside.safetensors"] = "00".into();
+    write(&escaping);
+    let verify = common::rtrain(dir.path())
+        .args(["verify", "run"])
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let stdout = text(&verify.stdout);
+    assert_eq!(verify.status.code(), Some(1), "{stdout}{}", text(&verify.stderr));
+    for named in ["/dev/zero", "../outside.safetensors"] {
+        assert!(
+            stdout.contains(&format!("checkpoint {named}: names a path outside run; not read")),
+            "{stdout}"
+        );
+    }
+
+    let mut negative = pristine.clone();
+    negative["config"]["optim"]["lr"] = (-1.0).into();
+    write(&negative);
+    let reproduce =
+        common::rtrain(dir.path()).args(["reproduce", "run", "--out", "again-lr"]).output().unwrap();
+    let stderr = text(&reproduce.stderr);
+    assert_eq!(reproduce.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("optim.lr"), "{stderr}");
+    assert!(!dir.path().join("again-lr").exists());
+
+    let mut edited = pristine.clone();
+    edited["config"]["train"]["epochs"] = 2.into();
+    write(&edited);
+    let reproduce =
+        common::rtrain(dir.path()).args(["reproduce", "run", "--out", "again-edited"]).output().unwrap();
+    let stderr = text(&reproduce.stderr);
+    assert_eq!(reproduce.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is not the hash of the configuration it records"), "{stderr}");
+
+    let mut other_version = pristine.clone();
+    other_version["rtrain_version"] = "9.9.9".into();
+    write(&other_version);
+    let reproduce =
+        common::rtrain(dir.path()).args(["reproduce", "run", "--out", "again-version"]).output().unwrap();
+    let stdout = text(&reproduce.stdout);
+    assert!(reproduce.status.success(), "{stdout}{}", text(&reproduce.stderr));
+    assert!(stdout.contains("the original ran 9.9.9"), "{stdout}");
+    assert!(stdout.contains("reproduced"), "{stdout}");
+}

@@ -66,7 +66,8 @@ pub struct ReproduceArgs {
 impl ReproduceArgs {
     pub(super) fn run(self) -> Result<()> {
         let original = Manifest::read(&self.run_dir);
-        let loaded = original.as_ref().map(|m| m.config.clone()).map_err(|e| anyhow!("{e}"));
+        let loaded =
+            original.as_ref().map_err(|e| anyhow!("{e}")).and_then(|m| recorded_config(m, &self.run_dir));
         job::run_in_job(loaded, exit_code, |config, comm| {
             let original = original.map_err(|e| anyhow!("{e}"))?;
             let compared = reproduce_as_rank(config, &comm, &original, &self.run_dir, self.epochs, self.out)?;
@@ -80,6 +81,24 @@ impl ReproduceArgs {
             Ok(())
         })
     }
+}
+
+/// The configuration a manifest records, checked as `train` checks its own (a manifest comes
+/// from elsewhere: `optim.lr = -1` must not run because it was written into a manifest) and
+/// against the manifest's `config_hash` (an edited or damaged manifest is refused).
+fn recorded_config(manifest: &Manifest, run_dir: &Path) -> Result<Config> {
+    let config = manifest.config.clone();
+    config.validate()?;
+    let hash = config.hash()?;
+    if hash != manifest.config_hash {
+        bail!(
+            "{}: config_hash {} is not the hash of the configuration it records ({hash}): the manifest \
+             was edited or damaged",
+            run_dir.join("manifest.json").display(),
+            manifest.config_hash
+        );
+    }
+    Ok(config)
 }
 
 /// A preempted run's error as [`crate::cluster::signals::Preempted`] itself, which the job

@@ -335,24 +335,36 @@ pub enum Finding {
     Missing(String),
 }
 
+/// Whether `relative` (a path a manifest names under a directory) stays inside it: relative,
+/// with no `..`. A manifest comes with a run directory from elsewhere; it must not make
+/// `verify` read `/dev/zero` or `../../secret`.
+fn stays_inside(relative: &Path) -> bool {
+    relative
+        .components()
+        .all(|part| matches!(part, std::path::Component::Normal(_) | std::path::Component::CurDir))
+}
+
 /// Re-hashes what the manifest names: checkpoints, final weights and every data file. Returns
-/// one finding per file group or file at fault.
+/// one finding per file group or file at fault. A checkpoint, weights or data file named by a
+/// path that leaves its directory (absolute, or with `..`) is a finding, and is not read.
 pub fn verify(run_dir: &Path) -> Result<Vec<Finding>, ManifestError> {
     let manifest = Manifest::read(run_dir)?;
-    let check = |path: PathBuf, expected: &str, what: &str| match files::sha256_file(&path) {
-        Ok(found) if found == expected => Finding::Ok(format!("{what} {}", path.display())),
-        Ok(found) => {
-            Finding::Mismatch(format!("{what} {}: sha256 {found}, manifest says {expected}", path.display()))
+    let check = |dir: &Path, relative: PathBuf, expected: &str, what: &str| {
+        if !stays_inside(&relative) {
+            return Finding::Mismatch(format!(
+                "{what} {}: names a path outside {}; not read",
+                relative.display(),
+                dir.display()
+            ));
         }
-        Err(_) if !path.exists() => Finding::Missing(format!("{what} {}", path.display())),
-        Err(error) => Finding::Mismatch(format!("{what} {}: {error}", path.display())),
+        check_file(dir.join(relative), expected, what)
     };
     let mut findings = Vec::new();
     for (path, sha256) in &manifest.checkpoints {
-        findings.push(check(run_dir.join(path), sha256, "checkpoint"));
+        findings.push(check(run_dir, PathBuf::from(path), sha256, "checkpoint"));
     }
     if let Some(weights) = &manifest.weights {
-        findings.push(check(run_dir.join(&weights.path), &weights.sha256, "weights"));
+        findings.push(check(run_dir, PathBuf::from(&weights.path), &weights.sha256, "weights"));
     }
     for split in &manifest.data {
         let what = format!("{} data", split.split);
@@ -360,7 +372,7 @@ pub fn verify(run_dir: &Path) -> Result<Vec<Finding>, ManifestError> {
         let bad: Vec<Finding> = split
             .files
             .iter()
-            .map(|(file, sha256)| check(split.root.join(native_path(file)), sha256, &what))
+            .map(|(file, sha256)| check(&split.root, native_path(file), sha256, &what))
             .filter(|finding| !matches!(finding, Finding::Ok(_)))
             .collect();
         if bad.is_empty() {
@@ -374,6 +386,18 @@ pub fn verify(run_dir: &Path) -> Result<Vec<Finding>, ManifestError> {
         findings.extend(bad);
     }
     Ok(findings)
+}
+
+/// Whether the file at `path` has the sha256 `expected`.
+fn check_file(path: PathBuf, expected: &str, what: &str) -> Finding {
+    match files::sha256_file(&path) {
+        Ok(found) if found == expected => Finding::Ok(format!("{what} {}", path.display())),
+        Ok(found) => {
+            Finding::Mismatch(format!("{what} {}: sha256 {found}, manifest says {expected}", path.display()))
+        }
+        Err(_) if !path.exists() => Finding::Missing(format!("{what} {}", path.display())),
+        Err(error) => Finding::Mismatch(format!("{what} {}: {error}", path.display())),
+    }
 }
 
 #[cfg(test)]

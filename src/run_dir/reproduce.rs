@@ -40,6 +40,12 @@ pub fn compare(original: &Manifest, again: &Manifest, epochs: u32, world_size: u
         again.job.threads_per_rank,
     )];
     let mut reproduced = true;
+    if original.rtrain_version != again.rtrain_version {
+        lines.push(format!(
+            "rtrain: re-run with {}, the original ran {} (another version may compute differently)",
+            again.rtrain_version, original.rtrain_version
+        ));
+    }
 
     for (before, after) in original.data.iter().zip(&again.data) {
         if before.sha256 != after.sha256 {
