@@ -28,7 +28,7 @@ use crate::cluster::{self, Communicator};
 use crate::config::Config;
 use crate::data::dataset::{DataError, Dataset};
 use crate::data::loader::{EpochBatches, Loader, LoaderOptions};
-use crate::data::photo::{self, PhotoTags};
+use crate::data::shards::SampleSource;
 use crate::model::Model;
 use crate::plan::RunPlan;
 use crate::run_dir::checkpoint;
@@ -386,30 +386,24 @@ fn describe_files(inputs: &Inputs, range: std::ops::Range<usize>, threads: usize
     })
 }
 
-/// A file's record from its bytes; a shard sample's from the source photo its shard recorded
-/// (its sha256, size and Exif, which a `--resize`d copy no longer has).
+/// An input's record with what its source says: a file's from its bytes, a shard sample's from
+/// the source photo its shard recorded (its sha256, size and Exif, which a `--resize`d copy no
+/// longer has) — the same [`SampleSource`] either way.
 fn describe_file(inputs: &Inputs, index: usize) -> Record {
     let name = inputs.name(index).to_string();
-    if let Some(source) = inputs.shard_source(index) {
-        warn_gps_problem(&name, &source.tags);
-        let size = source.width.zip(source.height);
-        return Record::new(name, Some(source.sha256), size, Some(&source.tags));
-    }
-    let Ok(bytes) = inputs.encoded(index) else {
-        // The loader reports why, in the record's error.
-        return Record::new(name, None, None, None);
+    let source = match inputs.shard_source(index) {
+        Some(source) => source,
+        None => match inputs.encoded(index) {
+            Ok(bytes) => SampleSource::of(Path::new(&name), &bytes),
+            // The loader reports why, in the record's error.
+            Err(_) => return Record::new(name, None, None, None),
+        },
     };
-    let sha256 = hex::encode(Sha256::digest(&bytes));
-    let size = photo::stored_size(&bytes);
-    let tags = PhotoTags::of(&bytes);
-    warn_gps_problem(&name, &tags);
-    Record::new(name, Some(sha256), size, Some(&tags))
-}
-
-fn warn_gps_problem(name: &str, tags: &PhotoTags) {
-    if let Some(problem) = &tags.gps_problem {
+    if let Some(problem) = &source.tags.gps_problem {
         tracing::warn!("{name}: GPS block not read ({problem}): no position");
     }
+    let size = source.width.zip(source.height);
+    Record::new(name, Some(source.sha256), size, Some(&source.tags))
 }
 
 #[cfg(test)]

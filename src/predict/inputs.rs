@@ -200,8 +200,7 @@ fn is_image(path: &Path) -> bool {
     let Ok((mut file, _)) = open_regular(path) else { return false };
     let mut head = [0u8; 8];
     let Ok(read) = file.read(&mut head) else { return false };
-    let head = &head[..read];
-    head.starts_with(&[0xFF, 0xD8, 0xFF]) || head.starts_with(b"\x89PNG\r\n\x1a\n")
+    matches!(image::guess_format(&head[..read]), Ok(image::ImageFormat::Jpeg | image::ImageFormat::Png))
 }
 
 impl Dataset for Inputs {
