@@ -36,6 +36,8 @@ pub enum PlanError {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Resume {
     Fresh,
+    /// A fresh start that first deletes the run already in the run directory (`--overwrite`).
+    Overwrite,
     /// The newest valid checkpoint in the run directory; a fresh start if there is none.
     Auto,
     From(PathBuf),

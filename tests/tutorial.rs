@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use rtrain::model::weights::read_pth;
+use rtrain::model::weights::read_state_dict;
 use serde_json::Value;
 use tch::{Kind, Tensor};
 
@@ -59,7 +59,7 @@ fn one_training_step_agrees_with_pytorch() {
     let data = tutorial_tree(dir.path(), 4);
     let cache = dir.path().join("torch/hub/checkpoints");
     let name = torch_weights(&cache, "head");
-    let start = read_pth(&cache.join(&name)).unwrap();
+    let start = read_state_dict(&cache.join(&name)).unwrap();
 
     let mut args =
         vec!["train".to_string(), "--config".into(), common::repo().join(CONFIG).to_string_lossy().into()];

@@ -13,6 +13,19 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// A one-epoch run of 32 px images, batches of 4, one thread, into `dir/run`, with `extra`
+/// arguments after the settings.
+fn train_tiny(dir: &Path, data: &Path, run: &str, extra: &[&str]) -> std::process::Output {
+    common::rtrain(dir)
+        .args(["train", "--run-dir", run])
+        .args(["--set", &format!("data.root={:?}", data.display().to_string())])
+        .args(["--set", "data.image_size=32", "--set", "data.batch_size=4", "--set", "train.threads=1"])
+        .args(["--set", "train.epochs=1"])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
 /// `rtrain config show --set KEY=VALUE`: the configuration is loaded and validated exactly as
 /// `train` loads it, and nothing runs.
 fn show_with(dir: &Path, setting: &str) -> std::process::Output {
@@ -200,6 +213,35 @@ fn weights_whose_class_names_do_not_match_the_outputs_are_refused() {
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", text(&output.stderr));
+
+    // The second half of case 16: the class names reversed in the header by hand, tensors
+    // untouched, printed the wrong labels in silence. The digest covers the metadata now.
+    let bytes = std::fs::read(&weights).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let mut meta: serde_json::Value =
+        serde_json::from_str(header["__metadata__"]["rtrain.weights"].as_str().unwrap()).unwrap();
+    meta["classes"].as_array_mut().unwrap().reverse();
+    header["__metadata__"]["rtrain.weights"] = meta.to_string().into();
+    let mut json = serde_json::to_vec(&header).unwrap();
+    json.resize(json.len().next_multiple_of(8), b' ');
+    let mut edited = (json.len() as u64).to_le_bytes().to_vec();
+    edited.extend_from_slice(&json);
+    edited.extend_from_slice(&bytes[8 + header_len..]);
+    let reversed = dir.path().join("reversed.safetensors");
+    std::fs::write(&reversed, edited).unwrap();
+    let output = common::rtrain(dir.path())
+        .args(["predict", "--checkpoint"])
+        .arg(&reversed)
+        .arg(&image)
+        .output()
+        .unwrap();
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("reversed.safetensors") && stderr.contains("metadata do not match the digest"),
+        "{stderr}"
+    );
 }
 
 /// Case 15: a SIGKILL during a save left `checkpoints/.tmp-XXXXXX` for ever. The trainer that
@@ -421,6 +463,76 @@ fn a_fifo_or_a_device_is_never_read_as_an_image() {
     }
 }
 
+/// A sparse file of `size` bytes whose first bytes are `start` (no disk space taken).
+fn sparse_file(path: &Path, start: &[u8], size: u64) {
+    std::fs::write(path, start).unwrap();
+    std::fs::OpenOptions::new().write(true).open(path).unwrap().set_len(size).unwrap();
+}
+
+/// Whether process `pid` holds `file` open.
+fn holds_open(pid: u32, file: &Path) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    fds.filter_map(Result::ok).any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == file))
+}
+
+/// The rest of case 7. `export` (and eval, predict) read a 20 GB sparse file whole before
+/// looking at its header: a safetensors file is now checked against its header first and
+/// refused unread. And a signal during start-up work did nothing until that work ended
+/// (minutes of hashing a large dataset or weights file): before training's first step, the
+/// first stop signal ends the process at once with 75, "try again", having lost nothing.
+#[test]
+fn start_up_work_honours_a_signal_and_a_huge_file_is_judged_by_its_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = dir.path().join("huge.safetensors");
+    sparse_file(&huge, b"", 20 << 30);
+    let output = common::rtrain(dir.path())
+        .args(["export", "--checkpoint"])
+        .arg(&huge)
+        .arg("out.safetensors")
+        .timeout(std::time::Duration::from_secs(120))
+        .output()
+        .unwrap();
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("huge.safetensors") && stderr.contains("refused unread"), "{stderr}");
+
+    // Weights of 4 GiB (sparse: nothing on disk), hashed at start-up before a step is taken.
+    let data = common::synth(dir.path(), 2, 1, 32);
+    let weights = dir.path().join("big.safetensors");
+    let tensor_bytes: u64 = 4 << 30;
+    let mut header = format!(
+        r#"{{"w":{{"dtype":"F32","shape":[{}],"data_offsets":[0,{tensor_bytes}]}}}}"#,
+        tensor_bytes / 4
+    )
+    .into_bytes();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut start = (header.len() as u64).to_le_bytes().to_vec();
+    start.extend_from_slice(&header);
+    sparse_file(&weights, &start, start.len() as u64 + tensor_bytes);
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("rtrain"))
+        .current_dir(dir.path())
+        .args(["train", "--run-dir", "run"])
+        .args(["--set", &format!("data.root={:?}", data.display().to_string())])
+        .args(["--set", &format!("model.pretrained={:?}", weights.display().to_string())])
+        .args(["--set", "data.image_size=32", "--set", "data.batch_size=4", "--set", "train.epochs=1"])
+        .args(["--set", "train.threads=1"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !holds_open(child.id(), &weights) {
+        assert!(child.try_wait().unwrap().is_none(), "ended before it read the weights");
+        assert!(std::time::Instant::now() < deadline, "never opened {}", weights.display());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let killed =
+        std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let status =
+        common::wait_within(&mut child, std::time::Duration::from_secs(60), "a run signalled at start-up");
+    assert_eq!(status.code(), Some(75), "{status:?}");
+}
+
 /// Case 12: `--resume PATH` with another run's checkpoint into a fresh run directory trained to
 /// the end and then failed ("best.safetensors: No such file or directory"), writing no
 /// model.safetensors or summary.json: the checkpoint's best top-1 named a best checkpoint that
@@ -470,6 +582,96 @@ fn a_checkpoint_of_another_run_resumes_into_a_fresh_directory_to_the_end() {
     );
 }
 
+/// Case 14: a new `train` into a finished run directory whose `checkpoints/` was removed
+/// replaced its model.safetensors, summary.json and manifest.json and appended to its
+/// metrics.jsonl (two runs mixed; `report` showed 3 epochs for a 1-epoch run). Such a
+/// directory is refused, naming what it holds, and left as it was (`--resume` says to
+/// continue it, as before); `--overwrite` replaces it, and the new run's metrics are its own
+/// alone.
+#[test]
+fn a_directory_holding_a_finished_run_is_refused_unless_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let train = |extra: &[&str]| train_tiny(dir.path(), &data, "run", extra);
+    let run = dir.path().join("run");
+    let epochs = || {
+        let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+        metrics.lines().filter(|line| line.contains(r#""kind":"epoch""#)).count()
+    };
+    let first = train(&[]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    std::fs::remove_dir_all(run.join("checkpoints")).unwrap();
+    let weights = std::fs::read(run.join("model.safetensors")).unwrap();
+    assert_eq!(epochs(), 1);
+
+    let again = train(&[]);
+    let stderr = text(&again.stderr);
+    assert_eq!(again.status.code(), Some(1), "{stderr}");
+    let names =
+        "already holds a run (config.toml, manifest.json, metrics.jsonl, summary.json, model.safetensors)";
+    assert!(stderr.contains(names) && stderr.contains("--overwrite"), "{stderr}");
+    assert_eq!(std::fs::read(run.join("model.safetensors")).unwrap(), weights, "replaced the weights");
+    assert_eq!(epochs(), 1, "appended to metrics.jsonl");
+
+    let replaced = train(&["--overwrite"]);
+    assert!(replaced.status.success(), "{}", text(&replaced.stderr));
+    assert_eq!(epochs(), 1, "the replaced run's metrics are its own");
+    assert!(run.join("checkpoints").is_dir() && run.join("summary.json").exists());
+}
+
+/// Case 18: `report` followed a `RUN/report` link and wrote wherever it pointed, and a
+/// truncated manifest or a corrupt summary.json gave exit 0, "(unfinished)" and arch "?" without
+/// a word. The default report directory must be a directory inside the run (a link is refused,
+/// and so are links where its files go: replaced, never followed), and an unreadable manifest
+/// or summary is a warning naming the file.
+#[test]
+fn report_writes_only_inside_the_run_and_names_unreadable_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let trained = train_tiny(dir.path(), &data, "run", &[]);
+    assert!(trained.status.success(), "{}", text(&trained.stderr));
+    let run = dir.path().join("run");
+    let outside = dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let report = || common::rtrain(dir.path()).args(["report", "run"]).output().unwrap();
+
+    std::os::unix::fs::symlink(&outside, run.join("report")).unwrap();
+    let linked = report();
+    let stderr = text(&linked.stderr);
+    assert_eq!(linked.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("report") && stderr.contains("symbolic link"), "{stderr}");
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "wrote through the link");
+
+    std::fs::remove_file(run.join("report")).unwrap();
+    std::fs::create_dir(run.join("report")).unwrap();
+    for name in ["report.md", "loss.svg", "loss.png", "epochs.csv"] {
+        std::fs::write(outside.join(name), "keep").unwrap();
+        std::os::unix::fs::symlink(outside.join(name), run.join("report").join(name)).unwrap();
+    }
+    let written = report();
+    assert!(written.status.success(), "{}", text(&written.stderr));
+    for name in ["report.md", "loss.svg", "loss.png", "epochs.csv"] {
+        assert_eq!(
+            std::fs::read_to_string(outside.join(name)).unwrap(),
+            "keep",
+            "{name} written through a link"
+        );
+        let meta = std::fs::symlink_metadata(run.join("report").join(name)).unwrap();
+        assert!(meta.is_file() && meta.len() > 4, "{name}: {meta:?}");
+    }
+
+    let manifest = std::fs::read(run.join("manifest.json")).unwrap();
+    std::fs::write(run.join("manifest.json"), &manifest[..manifest.len() / 2]).unwrap();
+    std::fs::write(run.join("summary.json"), "{\"best_top1\": ").unwrap();
+    let damaged = report();
+    let stderr = text(&damaged.stderr);
+    assert!(damaged.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("manifest.json") && stderr.contains("summary.json"),
+        "no warning naming them: {stderr}"
+    );
+}
+
 /// Case 17: a run directory from elsewhere only makes rtrain read inside it, and its manifest's
 /// configuration is checked as `train` checks its own. `verify` read and hashed any path a
 /// manifest named (`/dev/zero` hung it, `../x` left the directory); `reproduce` ran an
@@ -479,13 +681,7 @@ fn a_checkpoint_of_another_run_resumes_into_a_fresh_directory_to_the_end() {
 fn a_manifest_from_elsewhere_reads_only_inside_its_run_and_is_validated() {
     let dir = tempfile::tempdir().unwrap();
     let data = common::synth(dir.path(), 4, 2, 32);
-    let trained = common::rtrain(dir.path())
-        .args(["train", "--run-dir", "run"])
-        .args(["--set", &format!("data.root={:?}", data.display().to_string())])
-        .args(["--set", "data.image_size=32", "--set", "data.batch_size=4", "--set", "train.threads=1"])
-        .args(["--set", "train.epochs=1", "--set", "run.deterministic=true"])
-        .output()
-        .unwrap();
+    let trained = train_tiny(dir.path(), &data, "run", &["--set", "run.deterministic=true"]);
     assert!(trained.status.success(), "{}", text(&trained.stderr));
     let manifest_path = dir.path().join("run/manifest.json");
     let pristine: serde_json::Value =

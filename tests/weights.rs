@@ -145,3 +145,234 @@ fn weights_neither_cached_nor_fetchable_name_the_file_url_and_fetch_command() {
     }
     assert!(!file.exists());
 }
+
+/// The hostile and unusual `.pth` files of tests/reference/hostile_pth.py, in a fresh directory.
+fn hostile_pth_files() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    common::run_python("hostile_pth.py", &[dir.path().as_os_str()]);
+    dir
+}
+
+/// `rtrain weights convert FILE out.safetensors` under a 3 GiB address-space limit, so that an
+/// allocation of what a small file declares (4 GiB and more) fails rather than succeeds.
+fn convert_bounded(dir: &Path, file: &str) -> std::process::Output {
+    let rtrain = assert_cmd::cargo::cargo_bin("rtrain");
+    std::process::Command::new("bash")
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .args(["-c", r#"ulimit -v 3145728 && exec "$0" weights convert "$1" out.safetensors"#])
+        .arg(rtrain)
+        .arg(file)
+        .output()
+        .unwrap()
+}
+
+/// Issue "Untrusted files read safely", cases 1-6: a `.pth` that lies about its storages, nests
+/// a million levels deep, claims another byte order, hides names behind NUL bytes, asks for
+/// gigabytes from a few bytes, or is not a pickle a state dict can be, is refused with one line
+/// that names the file and the problem, exit 1, no output written: never a segfault, an abort,
+/// heap bytes in the output or a silently lost tensor. (libtorch's unpickler read these before:
+/// 4 MB of process heap written for the first, segfaults, stack overflows, a big-endian file
+/// read unswapped, two NUL-named tensors collapsed into one, "0 tensors" written, 16-frame C++
+/// backtraces.)
+#[test]
+fn a_hostile_pth_is_refused_with_one_line_naming_the_file() {
+    let dir = hostile_pth_files();
+    let cases = [
+        ("storage_larger_than_record.pth", "more than the file's 650"),
+        ("storage_of_2_40_elements.pth", "4398046511104 bytes"),
+        ("conv_record_cut_short.pth", "conv1.weight"),
+        ("view_outside_storage.pth", "storage"),
+        ("nested_tuples.pth", "nesting"),
+        ("nested_lists.pth", "nesting"),
+        ("nested_dicts.pth", "nesting"),
+        ("big_endian.pth", "big-endian"),
+        ("middle_endian.pth", "'middle'"),
+        ("nul_keys.pth", "control character"),
+        ("metadata_key.pth", "__metadata__"),
+        ("empty_state_dict.pth", "no tensors"),
+        ("binunicode_4_gib.pth", "4294967295 bytes"),
+        ("unknown_opcode.pth", "pickle"),
+        ("truncated_pickle.pth", "pickle"),
+    ];
+    for (file, problem) in cases {
+        let output = convert_bounded(dir.path(), file);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{file}: {:?}\n{stderr}", output.status);
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{file}: one line, not\n{stderr}");
+        assert!(lines[0].starts_with("error: ") && lines[0].contains(file), "{file}: {stderr}");
+        assert!(lines[0].to_lowercase().contains(problem), "{file}: no {problem:?} in {stderr}");
+        assert!(!dir.path().join("out.safetensors").exists(), "{file}: wrote an output");
+    }
+}
+
+/// The formats torch.save writes besides today's default: the legacy stream of PyTorch before
+/// 1.6 (reported as "not a valid safetensors file: header too large" before) and pickle
+/// protocol 4 ("found protocol = " before) convert to the values torch.save was given.
+#[test]
+fn legacy_and_protocol_4_torch_save_files_read_as_torch_wrote_them() {
+    let dir = hostile_pth_files();
+    for file in ["good.pth", "legacy.pth", "protocol4.pth"] {
+        let out = format!("{file}.safetensors");
+        common::rtrain(dir.path()).args(["weights", "convert", file, &out]).assert().success();
+        let tensors = safetensors(&dir.path().join(&out));
+        assert_eq!(tensors.keys().collect::<Vec<_>>(), ["b", "w"], "{file}");
+        let w = Tensor::arange(6, (tch::Kind::Float, tch::Device::Cpu)).reshape([2, 3]);
+        assert!(
+            tensors["w"].kind() == tch::Kind::Float && tensors["w"].equal(&w),
+            "{file}: w = {}",
+            tensors["w"]
+        );
+        let b = Tensor::arange(3, (tch::Kind::Int64, tch::Device::Cpu));
+        assert!(
+            tensors["b"].kind() == tch::Kind::Int64 && tensors["b"].equal(&b),
+            "{file}: b = {}",
+            tensors["b"]
+        );
+    }
+}
+
+/// `model.pretrained` reads through the same checks: a conv weight whose record is cut short
+/// (a segfault in `train` before) ends the run with the file named, before any training.
+#[test]
+fn training_from_a_lying_pth_stops_naming_it() {
+    let dir = hostile_pth_files();
+    let data = common::synth(dir.path(), 2, 1, 32);
+    let pretrained = dir.path().join("conv_record_cut_short.pth");
+    let output = common::rtrain(dir.path())
+        .args(["train", "--set", &format!("data.root={:?}", data.display().to_string())])
+        .args(["--set", &format!("model.pretrained={:?}", pretrained.display().to_string())])
+        .args(["--set", "data.image_size=32", "--set", "data.batch_size=4", "--set", "train.epochs=1"])
+        .args(["--set", "train.threads=1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{:?}\n{stderr}", output.status);
+    assert!(stderr.contains("conv_record_cut_short.pth") && stderr.contains("conv1.weight"), "{stderr}");
+}
+
+/// The archive at `path` with `mutate` applied to the entry whose name ends with `entry`,
+/// rewritten as a valid zip (stored, right CRCs), so that the mutation reaches the parser
+/// behind the container rather than failing its checksum.
+fn rezip_with(path: &Path, entry: &str, mutate: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let mut archive = zip::ZipArchive::new(std::fs::File::open(path).unwrap()).unwrap();
+    let mut out = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let stored = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    let mut mutate = Some(mutate);
+    for i in 0..archive.len() {
+        let mut file = archive.by_index(i).unwrap();
+        let name = file.name().to_string();
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).unwrap();
+        if name.ends_with(entry) {
+            if let Some(mutate) = mutate.take() {
+                mutate(&mut bytes);
+            }
+        }
+        out.start_file(name, stored).unwrap();
+        out.write_all(&bytes).unwrap();
+    }
+    out.finish().unwrap().into_inner()
+}
+
+/// One random change: bytes flipped, a run cut out, a run repeated, the end cut off, or a
+/// length-like value (0, 0xFF.., a big count) written over four bytes.
+fn mutate(bytes: &mut Vec<u8>, rng: &mut impl rand::Rng) {
+    if bytes.is_empty() {
+        bytes.push(rng.random());
+        return;
+    }
+    let at = rng.random_range(0..bytes.len());
+    match rng.random_range(0..5) {
+        0 => {
+            for _ in 0..rng.random_range(1..4) {
+                let i = rng.random_range(0..bytes.len());
+                bytes[i] ^= 1 << rng.random_range(0..8);
+            }
+        }
+        1 => {
+            let end = (at + rng.random_range(1..16)).min(bytes.len());
+            bytes.drain(at..end);
+        }
+        2 => {
+            let end = (at + rng.random_range(1..64)).min(bytes.len());
+            let run: Vec<u8> = bytes[at..end].to_vec();
+            for _ in 0..rng.random_range(1..200) {
+                bytes.splice(at..at, run.iter().copied());
+            }
+        }
+        3 => bytes.truncate(at),
+        _ => {
+            let value: u32 = [0, u32::MAX, 1 << 30, rng.random()][rng.random_range(0..4)];
+            for (k, b) in value.to_le_bytes().into_iter().enumerate() {
+                if let Some(slot) = bytes.get_mut(at + k) {
+                    *slot = b;
+                }
+            }
+        }
+    }
+}
+
+/// The fuzz target of the issue "Untrusted files read safely": `.pth` files (their pickle and
+/// their storages, inside valid zips, and the legacy stream as a whole) and safetensors files
+/// (header and data) mutated at random, read in this process by the reader `train`, `convert`
+/// and `eval` use. Each must read or fail with an error; a panic fails the test naming the
+/// seed and the iteration (the input is kept in the test's directory). Seeded, so a failure
+/// repeats; `RTRAIN_FUZZ_SECONDS` (default 30) sets how long it runs.
+#[test]
+fn mutated_weights_files_never_crash_the_readers() {
+    use rand::{Rng, SeedableRng};
+    let dir = hostile_pth_files();
+    let safetensors_seed = dir.path().join("seed.safetensors");
+    let tensors: Vec<(String, Tensor)> = vec![
+        ("w".into(), Tensor::arange(6, (tch::Kind::Float, tch::Device::Cpu)).reshape([2, 3])),
+        ("b".into(), Tensor::arange(3, (tch::Kind::Int64, tch::Device::Cpu))),
+    ];
+    let metadata = std::collections::HashMap::from([(
+        "rtrain.weights".to_string(),
+        r#"{"classes":["a","b"]}"#.to_string(),
+    )]);
+    rtrain::util::files::write_safetensors(&safetensors_seed, &tensors, Some(metadata)).unwrap();
+    let seconds: u64 = std::env::var("RTRAIN_FUZZ_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(31);
+    let input = dir.path().join("input");
+    let started = std::time::Instant::now();
+    let (mut iterations, mut read_ok) = (0u64, 0u64);
+    while started.elapsed() < std::time::Duration::from_secs(seconds) {
+        let bytes = match rng.random_range(0..5) {
+            0 => rezip_with(&dir.path().join("good.pth"), "data.pkl", |b| mutate(b, &mut rng)),
+            1 => rezip_with(&dir.path().join("protocol4.pth"), "data.pkl", |b| mutate(b, &mut rng)),
+            2 => rezip_with(&dir.path().join("good.pth"), "data/0", |b| mutate(b, &mut rng)),
+            3 => {
+                let mut b = std::fs::read(dir.path().join("legacy.pth")).unwrap();
+                mutate(&mut b, &mut rng);
+                b
+            }
+            _ => {
+                let mut b = std::fs::read(&safetensors_seed).unwrap();
+                // Mostly the header: the JSON, its length, the offsets.
+                let header_end = (8 + u64::from_le_bytes(b[..8].try_into().unwrap()) as usize).min(b.len());
+                let mut header = b[..header_end].to_vec();
+                mutate(&mut header, &mut rng);
+                b.splice(..header_end, header);
+                b
+            }
+        };
+        std::fs::write(&input, &bytes).unwrap();
+        let read = std::panic::catch_unwind(|| rtrain::model::weights::read_state_dict(&input).is_ok());
+        match read {
+            Ok(ok) => read_ok += u64::from(ok),
+            Err(_) => {
+                let kept = dir.keep().join("input");
+                panic!("iteration {iterations} (seed 31) panicked; the input is {}", kept.display());
+            }
+        }
+        iterations += 1;
+    }
+    eprintln!(
+        "{iterations} mutated files in {seconds} s, {read_ok} of them read as state dicts, none crashed"
+    );
+    assert!(iterations > 100, "only {iterations} iterations");
+}

@@ -230,9 +230,14 @@ pub struct FetchArgs {
     /// an attempt that makes progress resets the count.
     #[arg(long, default_value_t = 5)]
     retries: u32,
-    /// Give up on a request that sends nothing for this long (e.g. 60s, 5m).
+    /// Give up on a request that sends nothing for this long (e.g. 60s, 5m), or fewer than
+    /// 1 KiB a second over that long (a stalled transfer; retried, and counted as a failure).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    /// The file's size in bytes, where the data portal lists it: a body running past it is cut
+    /// off (an endless one cannot fill the disk) and another announced size refused.
+    #[arg(long)]
+    size: Option<u64>,
     /// No progress bar (log lines instead).
     #[arg(long)]
     no_progress: bool,
@@ -246,6 +251,7 @@ impl FetchArgs {
             retries: self.retries,
             timeout: self.timeout,
             progress: !self.no_progress,
+            size: self.size,
             ..fetch::FetchOptions::default()
         }
     }

@@ -51,7 +51,19 @@ impl ReportArgs {
 
     fn write_report(&self) -> Result<()> {
         let runs = self.runs.iter().map(|dir| RunData::read(dir)).collect::<Result<Vec<_>, _>>()?;
-        println!("{}", report::runs::write(&runs, &self.out())?.display());
+        let out = self.out();
+        // A run directory from elsewhere may hold `report` as a link to anywhere: the default
+        // output stays inside the run. (An --out the user names is theirs to point anywhere.)
+        if self.out.is_none() {
+            if let Ok(meta) = out.symlink_metadata() {
+                if !meta.is_dir() {
+                    let what =
+                        if meta.file_type().is_symlink() { "a symbolic link" } else { "not a directory" };
+                    bail!("{} is {what}: the report is written only inside the run; remove it, or name an --out", out.display());
+                }
+            }
+        }
+        println!("{}", report::runs::write(&runs, &out)?.display());
         Ok(())
     }
 

@@ -26,13 +26,19 @@ pub struct TrainArgs {
     #[arg(long)]
     pub run_dir: Option<PathBuf>,
     /// `auto` (newest valid checkpoint in the run directory, else a fresh start) or a path.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "overwrite")]
     pub resume: Option<String>,
+    /// Replace the run already in the run directory: its weights, checkpoints, metrics,
+    /// manifest and report are deleted before training starts (otherwise such a directory is
+    /// refused).
+    #[arg(long)]
+    pub overwrite: bool,
 }
 
 impl TrainArgs {
     fn resume(&self) -> Resume {
         match self.resume.as_deref() {
+            None if self.overwrite => Resume::Overwrite,
             None => Resume::Fresh,
             Some("auto") => Resume::Auto,
             Some(path) => Resume::From(PathBuf::from(path)),
@@ -123,7 +129,7 @@ fn train_as_rank(
     job::stage_data(plan.staging.as_ref(), comm.as_ref())?;
     let run_dir = run_dir.unwrap_or_else(|| run_dir::default_run_dir(config));
     let paths = RunPaths::new(job::broadcast_path(comm.as_ref(), &run_dir));
-    paths.check_writable(plan.resume != Resume::Fresh)?;
+    paths.check_writable(&plan.resume)?;
     train::run(&plan, comm, paths.clone()).map_err(preempted_as_such)?;
     Ok(comm.topology().is_root().then(|| paths.summary()))
 }

@@ -4,8 +4,13 @@
 //! all-reduce (a flag in its last bucket, so no collective of its own), stop at that same step,
 //! rank 0 writes a checkpoint, and every rank exits with [`PREEMPTED_EXIT_CODE`]; `--resume
 //! auto` continues exactly. A second signal ends the process at once.
+//!
+//! Before the work that polls for the request starts ([`arm`]), during start-up (listing,
+//! hashing and staging the data, reading weights), nothing would be lost by stopping and
+//! nothing polls: the first stop signal ends the process at once with [`PREEMPTED_EXIT_CODE`],
+//! rather than after minutes of hashing a large dataset.
 
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 
 /// The exit code of a run stopped by a signal after saving its checkpoint: 75, BSD's
 /// EX_TEMPFAIL ("try again later"), which a job script can test before requeueing.
@@ -15,6 +20,7 @@ pub const PREEMPTED_EXIT_CODE: u8 = 75;
 pub const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGUSR1];
 
 static RECEIVED: AtomicU32 = AtomicU32::new(0);
+static ARMED: AtomicBool = AtomicBool::new(false);
 static FIRST_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
 /// The job stopped, by agreement of all ranks, after a stop signal.
@@ -50,6 +56,10 @@ pub fn is_clean_stop(error: &anyhow::Error) -> bool {
 
 extern "C" fn on_stop_signal(signal: libc::c_int) {
     // Only async-signal-safe work here: atomics, and _exit for the second signal.
+    if !ARMED.load(Ordering::SeqCst) {
+        // SAFETY: as below. Start-up work has nothing to save, and "try again" is the truth.
+        unsafe { libc::_exit(libc::c_int::from(PREEMPTED_EXIT_CODE)) };
+    }
     if RECEIVED.fetch_add(1, Ordering::SeqCst) > 0 {
         // SAFETY: _exit is async-signal-safe and ends the process without running anything else.
         unsafe { libc::_exit(128 + signal) };
@@ -74,6 +84,12 @@ pub fn install() -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Start-up is over: from now on the first stop signal is only recorded, for the work that
+/// polls [`requested`] to stop at its next step.
+pub fn arm() {
+    ARMED.store(true, Ordering::SeqCst);
 }
 
 /// The first stop signal this process received, if any.

@@ -6,13 +6,15 @@
 //! node with internet can fill the cache for compute nodes without. A download is checked as
 //! torch.hub checks it: the hexadecimal part of the file name is the start of its sha256.
 //!
-//! `.pth` files are read by libtorch's own unpickler (as `torch::jit::pickle_load` does, in the C++
-//! shim): it is the code `torch.load` shares for the zip format, so every tensor type, storage
-//! sharing and byte order that PyTorch writes is read as PyTorch reads it, with no reader of our
-//! own to keep in step with PyTorch's format.
+//! `.pth` files are read by the `pytorch-reader` crate, never by an unpickler that runs what a
+//! pickle names: it builds only tensors, checks every length the file declares (storages
+//! against their records, each tensor's size, stride and offset against its storage, pickle
+//! nesting and copies) before it allocates, and reads both `torch.save` formats (the zip
+//! archive of PyTorch 1.6 and later, and the legacy stream before it). What it leaves to us is
+//! what a state dict must be to become weights: at least one tensor, names that survive as
+//! safetensors keys, and no tensor larger than the file it came from.
 
 use std::collections::BTreeMap;
-use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -21,7 +23,6 @@ use tch::Tensor;
 use crate::data::ingest::fetch::{self, FetchError, FetchOptions};
 use crate::model::Arch;
 use crate::util::files::{self, FileError};
-use crate::util::shim::{check, ffi, ShimError};
 
 /// Where torchvision publishes its weights; `model.weights_url` replaces it (a mirror, or a
 /// test's loopback server).
@@ -128,9 +129,9 @@ pub enum WeightsError {
         path.display()
     )]
     NotCached { path: PathBuf, arch: Arch, name: String, url: String, source: Box<FetchError> },
-    #[error("{}: cannot read it as a torch.save state dict: {source}", path.display())]
-    Pth { path: PathBuf, source: ShimError },
-    #[error("{}: not a state dict: neither safetensors nor a torch.save zip archive ({problem})", path.display())]
+    #[error("{}: cannot read it as a torch.save state dict: {problem}", path.display())]
+    Pth { path: PathBuf, problem: String },
+    #[error("{}: not a state dict: neither safetensors nor a file torch.save wrote ({problem})", path.display())]
     Format { path: PathBuf, problem: String },
     #[error(transparent)]
     Safetensors(#[from] FileError),
@@ -179,49 +180,90 @@ pub fn fetch_to_cache(
     }
 }
 
-/// A state dict from a safetensors file or a `torch.save` zip archive (`.pth`, `.pt`), told
-/// apart by content, not name.
+/// A state dict from a safetensors file or a file `torch.save` wrote (its zip archive, or the
+/// legacy stream of PyTorch before 1.6), told apart by content, not name: a safetensors file
+/// starts with the length of its JSON header, then the header's `{`.
 pub fn read_state_dict(path: &Path) -> Result<BTreeMap<String, Tensor>, WeightsError> {
-    let mut magic = [0u8; 4];
+    use std::io::Read;
     let io = |action, source| WeightsError::Io { path: path.to_path_buf(), action, source };
-    {
-        use std::io::Read;
-        let mut file = std::fs::File::open(path).map_err(|e| io("open", e))?;
-        let read = file.read(&mut magic).map_err(|e| io("read", e))?;
-        if read < magic.len() {
-            return Err(WeightsError::Format { path: path.to_path_buf(), problem: "too short".into() });
-        }
+    let metadata = std::fs::metadata(path).map_err(|e| io("read", e))?;
+    if !metadata.is_file() {
+        // A FIFO or a device would be waited on or read forever.
+        return Err(WeightsError::Format { path: path.to_path_buf(), problem: "not a regular file".into() });
     }
-    if magic == *b"PK\x03\x04" {
-        read_pth(path)
-    } else {
+    let mut start = [0u8; 9];
+    let file = std::fs::File::open(path).map_err(|e| io("open", e))?;
+    let read = file.take(start.len() as u64).read(&mut start).map_err(|e| io("read", e))?;
+    if read < start.len() {
+        return Err(WeightsError::Format { path: path.to_path_buf(), problem: "too short".into() });
+    }
+    if start[8] == b'{' {
         Ok(files::read_safetensors(path)?.tensors.into_iter().collect())
+    } else {
+        read_pth(path, metadata.len())
     }
 }
 
-/// The tensors of a `torch.save`d state dict, on the CPU.
-pub fn read_pth(path: &Path) -> Result<BTreeMap<String, Tensor>, WeightsError> {
-    let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| WeightsError::Format {
-        path: path.to_path_buf(),
-        problem: "the path holds a NUL byte".into(),
-    })?;
-    let mut tensors: BTreeMap<String, Tensor> = BTreeMap::new();
-    let context = std::ptr::from_mut(&mut tensors).cast::<c_void>();
-    // SAFETY: a NUL-terminated path; `collect` matches the callback type and `context` is the
-    // map it expects, alive for the whole call.
-    check("torch.save file", unsafe { ffi::rtrain_load_state_dict(c_path.as_ptr(), collect, context) })
-        .map_err(|source| WeightsError::Pth { path: path.to_path_buf(), source })?;
+/// The tensors of a `torch.save`d state dict of `file_size` bytes, on the CPU.
+fn read_pth(path: &Path, file_size: u64) -> Result<BTreeMap<String, Tensor>, WeightsError> {
+    let refuse = |problem: String| WeightsError::Pth { path: path.to_path_buf(), problem };
+    let reader = pytorch_reader::PytorchReader::new(path).map_err(|e| refuse(e.to_string()))?;
+    if reader.is_empty() {
+        return Err(refuse("it holds no tensors (an empty state dict, or no state dict at all)".into()));
+    }
+    let mut tensors = BTreeMap::new();
+    for (name, tensor) in reader.into_tensors() {
+        if name.chars().any(char::is_control) {
+            // A NUL ends the name in C (two keys became one); no layer is named so.
+            return Err(refuse(format!("tensor name {name:?} holds a control character")));
+        }
+        if name == "__metadata__" {
+            return Err(refuse(
+                "a tensor is named __metadata__, which safetensors keeps for its header".into(),
+            ));
+        }
+        // A tensor can claim more bytes than its storage holds only as a view that repeats
+        // elements (stride 0); no layer's weights are that, and reading it would allocate
+        // what the file never held.
+        if tensor.byte_len() as u64 > file_size {
+            return Err(refuse(format!(
+                "tensor {name:?} of shape {:?} would take {} bytes, more than the file's {file_size}",
+                tensor.shape(),
+                tensor.byte_len()
+            )));
+        }
+        let kind = kind_of(tensor.dtype()).ok_or_else(|| {
+            refuse(format!(
+                "tensor {name:?} is of type {:?}, which libtorch has no CPU tensors of",
+                tensor.dtype()
+            ))
+        })?;
+        let bytes = tensor.read().map_err(|e| refuse(e.to_string()))?;
+        let shape: Vec<i64> = tensor.shape().iter().map(|&d| d as i64).collect();
+        let value = Tensor::f_from_data_size(&bytes, &shape, kind)
+            .map_err(|e| refuse(format!("tensor {name:?}: {e}")))?;
+        tensors.insert(name, value);
+    }
     Ok(tensors)
 }
 
-extern "C" fn collect(context: *mut c_void, name: *const c_char, tensor: *mut torch_sys::C_tensor) {
-    // SAFETY: `context` is read_pth's map; `name` a NUL-terminated string valid for this call;
-    // `tensor` a new at::Tensor whose ownership passes to us. Nothing here can unwind.
-    unsafe {
-        let tensors = &mut *context.cast::<BTreeMap<String, Tensor>>();
-        let name = CStr::from_ptr(name).to_string_lossy().into_owned();
-        tensors.insert(name, Tensor::from_ptr(tensor));
-    }
+/// libtorch's element type for a checkpoint's.
+fn kind_of(dtype: pytorch_reader::DType) -> Option<tch::Kind> {
+    use pytorch_reader::DType;
+    use tch::Kind;
+    Some(match dtype {
+        DType::F64 => Kind::Double,
+        DType::F32 => Kind::Float,
+        DType::F16 => Kind::Half,
+        DType::BF16 => Kind::BFloat16,
+        DType::I64 => Kind::Int64,
+        DType::I32 => Kind::Int,
+        DType::I16 => Kind::Int16,
+        DType::I8 => Kind::Int8,
+        DType::U8 => Kind::Uint8,
+        DType::Bool => Kind::Bool,
+        DType::U16 | DType::U32 | DType::U64 => return None,
+    })
 }
 
 #[cfg(test)]

@@ -162,6 +162,7 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
     let (done, todo): (Vec<usize>, Vec<usize>) =
         mine.into_iter().partition(|&p| part_path(&parts_dir, p).exists());
     let classifier = Classifier { model: &model, classes: &meta.classes, plan: &plan, top: request.top };
+    signals::arm();
     let classified = classifier.parts(&inputs, &todo, key.part_size, &parts_dir, request.on_bad_image)?;
     let stopped = classified.is_none() || signals::requested().is_some();
     // The one collective after the work: did any rank stop, and how much was done.

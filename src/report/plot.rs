@@ -19,6 +19,8 @@ pub enum PlotError {
     NoFont,
     #[error("{path}: drawing failed: {problem}")]
     Draw { path: PathBuf, problem: String },
+    #[error(transparent)]
+    Write(#[from] crate::util::files::FileError),
 }
 
 const FONT_PATHS: &[&str] = &[
@@ -71,11 +73,30 @@ pub struct Labels<'a> {
     pub log_y: bool,
 }
 
+/// Writes a chart drawn in memory: the SVG text, and the RGB pixels as PNG. Each file is
+/// written atomically, so a link standing where a chart goes is replaced, never followed.
+fn write_chart(svg: &Path, svg_text: &str, png: &Path, pixels: Vec<u8>) -> Result<(), PlotError> {
+    crate::util::files::write_atomic(svg, svg_text.as_bytes())?;
+    let image = image::RgbImage::from_raw(SIZE.0, SIZE.1, pixels).expect("a buffer of SIZE pixels");
+    let mut encoded = std::io::Cursor::new(Vec::new());
+    image.write_to(&mut encoded, image::ImageFormat::Png).map_err(|e| failed(png)(e.to_string()))?;
+    crate::util::files::write_atomic(png, encoded.get_ref())?;
+    Ok(())
+}
+
+fn pixel_buffer() -> Vec<u8> {
+    vec![0; SIZE.0 as usize * SIZE.1 as usize * 3]
+}
+
 /// A line chart of several series; writes `stem.svg` and `stem.png`.
 pub fn lines(stem: &Path, labels: &Labels, series: &[Series]) -> Result<(), PlotError> {
     let (svg, png) = outputs(stem)?;
-    draw_lines(SVGBackend::new(&svg, SIZE).into_drawing_area(), labels, series).map_err(failed(&svg))?;
-    draw_lines(BitMapBackend::new(&png, SIZE).into_drawing_area(), labels, series).map_err(failed(&png))
+    let (mut svg_text, mut pixels) = (String::new(), pixel_buffer());
+    draw_lines(SVGBackend::with_string(&mut svg_text, SIZE).into_drawing_area(), labels, series)
+        .map_err(failed(&svg))?;
+    draw_lines(BitMapBackend::with_buffer(&mut pixels, SIZE).into_drawing_area(), labels, series)
+        .map_err(failed(&png))?;
+    write_chart(&svg, &svg_text, &png, pixels)
 }
 
 fn draw_lines<DB: DrawingBackend>(
@@ -237,10 +258,12 @@ fn decade_label(v: f64) -> String {
 /// The confusion matrix as a heat map (rows: true class, columns: predicted), with counts.
 pub fn confusion(stem: &Path, title: &str, classes: &[String], counts: &[Vec<u64>]) -> Result<(), PlotError> {
     let (svg, png) = outputs(stem)?;
-    draw_confusion(SVGBackend::new(&svg, SIZE).into_drawing_area(), title, classes, counts)
+    let (mut svg_text, mut pixels) = (String::new(), pixel_buffer());
+    draw_confusion(SVGBackend::with_string(&mut svg_text, SIZE).into_drawing_area(), title, classes, counts)
         .map_err(failed(&svg))?;
-    draw_confusion(BitMapBackend::new(&png, SIZE).into_drawing_area(), title, classes, counts)
-        .map_err(failed(&png))
+    draw_confusion(BitMapBackend::with_buffer(&mut pixels, SIZE).into_drawing_area(), title, classes, counts)
+        .map_err(failed(&png))?;
+    write_chart(&svg, &svg_text, &png, pixels)
 }
 
 fn draw_confusion<DB: DrawingBackend>(

@@ -53,7 +53,22 @@ impl RunData {
         if epochs.is_empty() {
             return Err(RunReportError::NoEpochs { path });
         }
-        let manifest = Manifest::read(dir).ok();
+        let paths = RunPaths::new(dir);
+        // A run without a manifest (an old one, or metrics copied alone) is reported as far as its
+        // metrics go; one whose manifest or summary is there but unreadable is said to be so.
+        let manifest = match Manifest::read(dir) {
+            Ok(manifest) => Some(manifest),
+            Err(error) if paths.manifest().exists() => {
+                tracing::warn!("{error}: reported without it (architecture, ranks and hashes unknown)");
+                None
+            }
+            Err(_) => None,
+        };
+        if paths.summary().exists() {
+            if let Err(error) = records::Summary::read(&paths.summary()) {
+                tracing::warn!("{error}: the run's summary is unreadable");
+            }
+        }
         let classes =
             manifest.as_ref().and_then(|m| m.data.first()).map(|d| d.classes.clone()).unwrap_or_default();
         let name =

@@ -70,6 +70,14 @@ pub enum RunDirError {
     HoldsShards { dir: PathBuf },
     #[error("{} already holds a run: choose another --out", dir.display())]
     HoldsRun { dir: PathBuf },
+    #[error(
+        "run directory {} already holds a run ({files}): a new one would replace its weights and mix its \
+         metrics. Continue it with --resume auto, replace it with --overwrite, or choose another --run-dir \
+         (or run.name)",
+        dir.display()
+    )]
+    HoldsEarlierRun { dir: PathBuf, files: String },
+
     #[error("run directory {} is in use by another trainer ({holder}): wait for it to finish, or choose another --run-dir", dir.display())]
     InUse { dir: PathBuf, holder: String },
 }
@@ -145,11 +153,21 @@ impl RunPaths {
         file.strip_prefix(&self.root).unwrap_or(file).to_string_lossy().into_owned()
     }
 
-    /// Refuses a directory that a fresh run would damage: one with checkpoints (unless
-    /// `resuming`), or a shard set.
-    pub fn check_writable(&self, resuming: bool) -> Result<(), RunDirError> {
-        if !resuming && !self.step_checkpoints()?.is_empty() {
-            return Err(RunDirError::HasCheckpoints { dir: self.root.clone() });
+    /// Refuses a directory that a run started as `resume` says would damage: a fresh run
+    /// into one holding checkpoints or any other file of a run (a finished one whose
+    /// checkpoints were removed, another tool's), and any run into a shard set.
+    pub fn check_writable(&self, resume: &crate::plan::Resume) -> Result<(), RunDirError> {
+        if *resume == crate::plan::Resume::Fresh {
+            if !self.step_checkpoints()?.is_empty() {
+                return Err(RunDirError::HasCheckpoints { dir: self.root.clone() });
+            }
+            let files: Vec<&str> = [CONFIG_FILE, MANIFEST_FILE, METRICS_FILE, SUMMARY_FILE, WEIGHTS_FILE]
+                .into_iter()
+                .filter(|name| self.root.join(name).symlink_metadata().is_ok())
+                .collect();
+            if !files.is_empty() {
+                return Err(RunDirError::HoldsEarlierRun { dir: self.root.clone(), files: files.join(", ") });
+            }
         }
         if crate::data::shards::ShardManifest::read(&self.root).is_ok() {
             return Err(RunDirError::HoldsShards { dir: self.root.clone() });
@@ -243,6 +261,34 @@ impl RunDir {
         let lock = take_lock(&paths)?;
         remove_stale_temporaries(&paths)?;
         Ok(RunDir { paths, writer: Some(Writer { _lock: lock, metrics: None, manifest: None }) })
+    }
+
+    /// Deletes the files of the run already in the directory (`--overwrite`), by their names
+    /// only: whatever else the directory holds stays. Under the lock; a no-op off rank 0.
+    pub fn delete_previous_run(&mut self) -> Result<(), RunDirError> {
+        if self.writer.is_none() {
+            return Ok(());
+        }
+        for name in [
+            CONFIG_FILE,
+            MANIFEST_FILE,
+            METRICS_FILE,
+            SUMMARY_FILE,
+            WEIGHTS_FILE,
+            CHECKPOINTS_DIR,
+            REPORT_DIR,
+        ] {
+            let path = self.paths.root().join(name);
+            // A link (a `report` pointing elsewhere) is removed itself, never followed.
+            let removed = match path.symlink_metadata() {
+                Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&path),
+                Ok(_) => std::fs::remove_file(&path),
+                Err(_) => continue,
+            };
+            removed.map_err(|source| RunDirError::Io { path: path.clone(), source })?;
+            tracing::info!("--overwrite: deleted {}", path.display());
+        }
+        Ok(())
     }
 
     /// Starts writing, once the run's checks have passed: `checkpoints/`, the resolved

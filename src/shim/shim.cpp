@@ -1,9 +1,9 @@
 // rtrain's bridge to the parts of libtorch that tch does not expose: CPU/CUDA autocast with a
 // chosen dtype, the channels-last memory format, the gradient plumbing data-parallel
-// training needs (gradients that live in communication buckets, and a call when each is ready),
-// SyncBatchNorm's autograd function, and reading `torch.save` files. Every entry point catches every C++
-// exception and returns it as a message (nullptr on success), which Rust turns into an error;
-// nothing may unwind into Rust.
+// training needs (gradients that live in communication buckets, and a call when each is ready)
+// and SyncBatchNorm's autograd function. Every entry point catches every C++ exception and
+// returns it as a message (nullptr on success), which Rust turns into an error; nothing may
+// unwind into Rust.
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -11,10 +11,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/unpickler.h>
 
-#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <vector>
@@ -277,136 +274,6 @@ char* rtrain_sync_batch_norm(const at::Tensor* input, const at::Tensor* weight, 
     auto result = SyncBatchNormFunction::apply(*input, *weight, *bias, *running_mean, *running_var, momentum, eps,
                                                reinterpret_cast<int64_t>(fn), reinterpret_cast<int64_t>(context));
     *out = new at::Tensor(std::move(result));
-  });
-}
-
-}  // extern "C"
-
-// ---- torch.save files ------------------------------------------------------------------------
-
-extern "C" typedef void (*rtrain_named_tensor_fn)(void* context, const char* name, at::Tensor* tensor);
-
-namespace {
-
-// libtorch 2.13's unpickler turns `collections.OrderedDict()` into None (it expects one only
-// as a tensor's unused backward hooks), and `model.state_dict()` is an OrderedDict, as are the
-// per-module entries of its `_metadata` attribute. This rewrites the pickle so that each
-// OrderedDict is built as a plain dict: the class followed by its construction (`)R`, the
-// empty argument tuple then REDUCE) becomes EMPTY_DICT, whether the class is named (GLOBAL,
-// then usually stored in the memo, which then holds that first dict, never read again) or taken
-// from the memo (BINGET). The BUILD that ends the pickle (restoring the `_metadata` attribute
-// onto the state dict, which this unpickler cannot) becomes TUPLE2: the result is then the
-// pair (state dict, attribute), and the caller takes the first. Opcodes are walked with their argument lengths, so bytes inside
-// strings are never mistaken for opcodes; an opcode this does not know ends the rewriting and
-// leaves the rest for the unpickler to judge.
-std::vector<char> ordered_dicts_as_dicts(const std::vector<char>& in) {
-  std::vector<char> out;
-  out.reserve(in.size());
-  auto le = [&](size_t at, size_t width) {
-    size_t value = 0;
-    for (size_t k = 0; k < width && at + k < in.size(); ++k) value |= size_t(uint8_t(in[at + k])) << (8 * k);
-    return value;
-  };
-  auto line_end = [&](size_t from) {
-    while (from < in.size() && in[from] != '\n') ++from;
-    return std::min(from + 1, in.size());
-  };
-  auto constructs_at = [&](size_t at) { return at + 1 < in.size() && in[at] == ')' && in[at + 1] == 'R'; };
-  std::vector<size_t> class_slots;  // memo indices holding the OrderedDict class
-  size_t i = 0;
-  while (i < in.size()) {
-    char op = in[i];
-    size_t len = 1;  // the opcode and its argument
-    switch (op) {
-      case 'c': len = line_end(line_end(i + 1)) - i; break;
-      case 'q': case 'h': case 'K': case '\x80': len = 2; break;
-      case 'M': len = 3; break;
-      case 'r': case 'j': case 'J': len = 5; break;
-      case 'G': case '\x95': len = 9; break;
-      case 'X': case 'T': case 'B': case '\x8b': len = 5 + le(i + 1, 4); break;
-      case 'U': case 'C': case '\x8c': case '\x8a': len = 2 + le(i + 1, 1); break;
-      case 'I': case 'L': case 'F': case 'S': case 'V': case 'P': case 'p': case 'g':
-        len = line_end(i + 1) - i;
-        break;
-      case ')': case '}': case ']': case '(': case 't': case '\x85': case '\x86': case '\x87':
-      case 'R': case 'b': case 's': case 'u': case 'a': case 'e': case '\x88': case '\x89':
-      case 'N': case 'Q': case '.': case '0': case '1': case '2': case '\x94':
-        break;
-      default:
-        out.insert(out.end(), in.begin() + i, in.end());
-        return out;
-    }
-    size_t next = std::min(i + len, in.size());
-    if (op == 'c' && std::string(in.begin() + i, in.begin() + next) == "ccollections\nOrderedDict\n") {
-      size_t put = (next < in.size() && in[next] == 'q') ? 2 : (next < in.size() && in[next] == 'r') ? 5 : 0;
-      if (constructs_at(next + put)) {
-        out.push_back('}');
-        if (put != 0) {
-          class_slots.push_back(le(next + 1, put - 1));
-          out.insert(out.end(), in.begin() + next, in.begin() + next + put);
-        }
-        i = next + put + 2;
-        continue;
-      }
-    }
-    if ((op == 'h' || op == 'j') && constructs_at(next) &&
-        std::find(class_slots.begin(), class_slots.end(), le(i + 1, len - 1)) != class_slots.end()) {
-      out.push_back('}');
-      i = next + 2;
-      continue;
-    }
-    if (op == 'b' && next + 1 == in.size() && in[next] == '.') {
-      out.push_back('\x86');
-      i = next;
-      continue;
-    }
-    out.insert(out.end(), in.begin() + i, in.begin() + next);
-    i = next;
-  }
-  return out;
-}
-
-}  // namespace
-
-extern "C" {
-
-// Reads a `torch.save` zip archive holding a state dict (a dict, or OrderedDict, of names to
-// tensors) and calls `fn` with each entry, in the file's order; the callee owns each tensor.
-//
-// This is `torch::pickle_load` (readArchiveAndTensors) with one difference: the pickle is
-// rewritten first by `ordered_dicts_as_dicts`, since `state_dict()` is an OrderedDict.
-char* rtrain_load_state_dict(const char* path, rtrain_named_tensor_fn fn, void* context) {
-  return guarded([&] {
-    caffe2::serialize::PyTorchStreamReader archive(std::string{path});
-    auto [pickle_ptr, pickle_size] = archive.getRecord("data.pkl");
-    auto pickle = ordered_dicts_as_dicts(std::vector<char>(
-        static_cast<const char*>(pickle_ptr.get()), static_cast<const char*>(pickle_ptr.get()) + pickle_size));
-    size_t offset = 0;
-    auto reader = [&](char* buffer, size_t len) -> size_t {
-      len = std::min(len, pickle.size() - offset);
-      std::memcpy(buffer, pickle.data() + offset, len);
-      offset += len;
-      return len;
-    };
-    auto read_record = [&](const std::string& name) { return std::get<0>(archive.getRecord("data/" + name)); };
-    torch::jit::Unpickler unpickler(reader, nullptr, nullptr, read_record, at::Device(at::kCPU));
-    unpickler.set_version(archive.version());
-    auto value = unpickler.parse_ivalue();
-    if (value.isTuple() && value.toTupleRef().elements().size() == 2 &&
-        value.toTupleRef().elements()[0].isGenericDict()) {
-      value = value.toTupleRef().elements()[0];  // (state dict, its `_metadata`), see above
-    }
-    if (!value.isGenericDict()) {
-      throw std::runtime_error("it holds a " + value.tagKind() + ", not a state dict (a dict of names to tensors)");
-    }
-    for (const auto& entry : value.toGenericDict()) {
-      if (!entry.key().isString()) throw std::runtime_error("a state dict key is not a string");
-      const auto& name = entry.key().toStringRef();
-      if (!entry.value().isTensor()) {
-        throw std::runtime_error("entry '" + name + "' is a " + entry.value().tagKind() + ", not a tensor");
-      }
-      fn(context, name.c_str(), new at::Tensor(entry.value().toTensor()));
-    }
   });
 }
 

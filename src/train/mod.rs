@@ -114,6 +114,9 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     let hosts = cluster::gather_strings(comm.as_ref(), &plan.topology.host);
     watchdog::set_hosts(hosts.clone());
     let mut out = RunDir::open(paths, plan.topology.is_root())?;
+    if plan.resume == Resume::Overwrite {
+        out.delete_previous_run()?;
+    }
     let resume_from = broadcast_resume_checkpoint(comm.as_ref(), plan, &out)?;
     let position = match &resume_from {
         Some(path) => {
@@ -144,6 +147,7 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     watchdog::set_limit(Duration::from_secs_f64(plan.config.dist.timeout_s));
     trainer.join_gradient_sync(join_gradient_sync(plan, &model, comm)?);
     log_start(plan, &data, steps_per_epoch, out.paths());
+    signals::arm();
     for epoch in position.epoch..plan.last_epoch {
         let start = position.within(epoch, plan.topology.is_root());
         let totals =
@@ -329,7 +333,7 @@ fn broadcast_resume_checkpoint(
     out: &RunDir,
 ) -> Result<Option<PathBuf>, TrainError> {
     let chosen = match &plan.resume {
-        Resume::Fresh => None,
+        Resume::Fresh | Resume::Overwrite => None,
         Resume::From(path) => Some(path.clone()),
         Resume::Auto => out.auto_resume_checkpoint()?,
     };

@@ -9,10 +9,12 @@
 //! and is then renamed over the final name, so a crash or a full disk leaves the previous
 //! file (or none) in place, never a torn one.
 //!
-//! Every `.safetensors` file rtrain writes carries a sha256 of its tensors in its header
+//! Every `.safetensors` file rtrain writes carries a sha256 of its header metadata and tensors
 //! ([`DIGEST_KEY`]), and every read checks it: a byte that changed after the write (a failing
-//! disk, a bad copy) is an error naming the file, never a silently different model. Files
-//! without the key (torchvision's, older rtrain's) are read unchecked.
+//! disk, a bad copy, class names edited in the header) is an error naming the file, never a
+//! silently different model. Files of older rtrain carry [`TENSORS_DIGEST_KEY`] (the tensors
+//! alone) and are checked against that; files without either (torchvision's) are read
+//! unchecked.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
@@ -30,18 +32,35 @@ pub enum FileError {
     Format { path: PathBuf, source: safetensors::SafeTensorError },
     #[error("{path}: tensor {name}: {problem}")]
     Tensor { path: PathBuf, name: String, problem: String },
-    #[error("{path}: its tensors do not match the digest written with them (the file changed after it was written: a disk or copy error); use another copy or an older checkpoint")]
+    #[error("{path}: its tensors or metadata do not match the digest written with them (the file changed after it was written: a disk or copy error, or an edit); use another copy or an older checkpoint")]
     Digest { path: PathBuf },
 }
 
-/// The header metadata key of the sha256 over a file's tensors (see [`tensors_digest`]).
-pub const DIGEST_KEY: &str = "rtrain.tensors_sha256";
+/// The header metadata key of the sha256 over a file's metadata and tensors (see [`digest`]).
+pub const DIGEST_KEY: &str = "rtrain.sha256";
 
-/// sha256 over every tensor's name, dtype, shape and bytes, in name order: what
-/// [`DIGEST_KEY`] holds.
-fn tensors_digest<'a>(mut tensors: Vec<(&'a str, Dtype, &'a [usize], &'a [u8])>) -> String {
-    tensors.sort_by_key(|(name, ..)| *name);
+/// What rtrain wrote before the metadata was covered: the sha256 over the tensors alone, which left the
+/// metadata (class names, image size, global step) open to change unnoticed.
+pub const TENSORS_DIGEST_KEY: &str = "rtrain.tensors_sha256";
+
+/// sha256 over the metadata (every key but the digests themselves, in key order, each
+/// length-prefixed), then, unless `tensors_only` (the older digest), every tensor's name,
+/// dtype, shape and bytes, in name order: what [`DIGEST_KEY`] holds.
+fn digest<'a>(
+    metadata: Option<&BTreeMap<&str, &str>>,
+    mut tensors: Vec<(&'a str, Dtype, &'a [usize], &'a [u8])>,
+) -> String {
     let mut hasher = Sha256::new();
+    for (key, value) in metadata.into_iter().flatten() {
+        if [DIGEST_KEY, TENSORS_DIGEST_KEY].contains(key) {
+            continue;
+        }
+        for text in [key, value] {
+            hasher.update((text.len() as u64).to_le_bytes());
+            hasher.update(text.as_bytes());
+        }
+    }
+    tensors.sort_by_key(|(name, ..)| *name);
     for (name, dtype, shape, bytes) in tensors {
         hasher.update((name.len() as u64).to_le_bytes());
         hasher.update(name.as_bytes());
@@ -187,10 +206,11 @@ fn serialize(
         let shape = cpu.size().iter().map(|&d| d as usize).collect();
         views.push((name.clone(), CpuView { dtype, shape, bytes }));
     }
-    let digest = tensors_digest(
+    let mut metadata: BTreeMap<String, String> = metadata.unwrap_or_default().into_iter().collect();
+    let digest = digest(
+        Some(&metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()),
         views.iter().map(|(n, v)| (n.as_str(), v.dtype, v.shape.as_slice(), v.bytes.as_slice())).collect(),
     );
-    let mut metadata: BTreeMap<String, String> = metadata.unwrap_or_default().into_iter().collect();
     metadata.insert(DIGEST_KEY.to_string(), digest);
     let refs: Vec<(&str, &CpuView)> = views.iter().map(|(n, v)| (n.as_str(), v)).collect();
     let bytes = safetensors::serialize(refs, None)
@@ -234,17 +254,65 @@ pub struct SafetensorsFile {
     pub metadata: HashMap<String, String>,
 }
 
+/// The largest header accepted, as the safetensors crate's own limit.
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// Checks from its header alone that the file at `path` is laid out as safetensors says (its
+/// header's length and the bytes its tensors claim add up to the file's size), so that a file
+/// that is not one (a 20 GB sparse file, say) is refused before its bytes are read.
+fn check_layout(path: &Path) -> std::io::Result<()> {
+    let (mut file, metadata) = open_regular(path)?;
+    let size = metadata.len();
+    let invalid = |problem: String| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("not a safetensors file: {problem}; refused unread"),
+        )
+    };
+    let mut prefix = [0u8; 8];
+    file.read_exact(&mut prefix).map_err(|_| invalid(format!("{size} bytes, too short for a header")))?;
+    let header_len = u64::from_le_bytes(prefix);
+    if header_len > MAX_HEADER_BYTES.min(size - 8) {
+        return Err(invalid(format!("a header of {header_len} bytes in a file of {size}")));
+    }
+    let mut header = vec![0u8; header_len as usize];
+    file.read_exact(&mut header)?;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&header).map_err(|e| invalid(format!("its header is not JSON ({e})")))?;
+    let data_len = header
+        .iter()
+        .filter(|(key, _)| key.as_str() != "__metadata__")
+        .filter_map(|(_, tensor)| tensor.get("data_offsets")?.get(1)?.as_u64())
+        .max()
+        .unwrap_or(0);
+    let described = 8u64.saturating_add(header_len).saturating_add(data_len);
+    if described != size {
+        return Err(invalid(format!("its header describes {described} bytes, the file holds {size}")));
+    }
+    Ok(())
+}
+
 pub fn read_safetensors(path: &Path) -> Result<SafetensorsFile, FileError> {
+    check_layout(path).map_err(|source| FileError::Io { path: path.to_path_buf(), source })?;
     let bytes =
         read_regular(path, u64::MAX).map_err(|source| FileError::Io { path: path.to_path_buf(), source })?;
     let format = |source| FileError::Format { path: path.to_path_buf(), source };
     let (_, header) = SafeTensors::read_metadata(&bytes).map_err(format)?;
     let metadata = header.metadata().clone().unwrap_or_default();
     let parsed = SafeTensors::deserialize(&bytes).map_err(format)?;
-    if let Some(expected) = metadata.get(DIGEST_KEY) {
+    let sorted: BTreeMap<&str, &str> = metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    // The newer digest covers the metadata too; an older file's, the tensors alone.
+    let (expected, covered) = match (metadata.get(DIGEST_KEY), metadata.get(TENSORS_DIGEST_KEY)) {
+        (Some(expected), _) => (Some(expected), Some(&sorted)),
+        (None, Some(expected)) => (Some(expected), None),
+        (None, None) => (None, None),
+    };
+    if let Some(expected) = expected {
         let views = parsed.tensors();
-        let found =
-            tensors_digest(views.iter().map(|(n, v)| (n.as_str(), v.dtype(), v.shape(), v.data())).collect());
+        let found = digest(
+            covered,
+            views.iter().map(|(n, v)| (n.as_str(), v.dtype(), v.shape(), v.data())).collect(),
+        );
         if &found != expected {
             return Err(FileError::Digest { path: path.to_path_buf() });
         }
@@ -478,6 +546,34 @@ mod tests {
         let view = CpuView { dtype: Dtype::F32, shape: vec![4], bytes: vec![0; 16] };
         std::fs::write(&plain, safetensors::serialize([("w", &view)], None).unwrap()).unwrap();
         assert_eq!(read_safetensors(&plain).unwrap().tensors["w"].size(), [4]);
+    }
+
+    #[test]
+    fn the_digest_covers_the_metadata_and_an_older_file_is_checked_by_its_tensors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        let w = Tensor::from_slice(&[1.0f32, 2.0]);
+        let metadata = HashMap::from([("classes".to_string(), r#"["a","b"]"#.to_string())]);
+        write_safetensors(&path, &[("w".into(), w.shallow_clone())], Some(metadata)).unwrap();
+        // Swapping two class names changes no length: only the digest can tell.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let names: &[u8] = br#"[\"a\",\"b\"]"#;
+        let at = bytes.windows(names.len()).position(|w| w == names).expect("the header holds the names");
+        bytes[at..at + names.len()].copy_from_slice(br#"[\"b\",\"a\"]"#);
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(matches!(read_safetensors(&path), Err(FileError::Digest { .. })));
+
+        // An older rtrain's file: the tensors' digest alone, under its own key.
+        let view = CpuView {
+            dtype: Dtype::F32,
+            shape: vec![2],
+            bytes: [1.0f32, 2.0].iter().flat_map(|x| x.to_le_bytes()).collect(),
+        };
+        let old = digest(None, vec![("w", Dtype::F32, &[2], &view.bytes)]);
+        let meta = HashMap::from([(TENSORS_DIGEST_KEY.to_string(), old), ("classes".into(), "[]".into())]);
+        let older = dir.path().join("older.safetensors");
+        std::fs::write(&older, safetensors::serialize([("w", &view)], Some(meta)).unwrap()).unwrap();
+        assert_eq!(read_safetensors(&older).unwrap().tensors["w"].size(), [2]);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The Rust side of the C++ shim (`src/shim/shim.cpp`, compiled by build.rs): what tch does not
-//! expose (CPU autocast, memory formats, deterministic mode, gradient hooks, SyncBatchNorm,
-//! `torch.save` files). Every shim function catches its C++ exceptions and returns them as a
-//! message, which [`check`] turns into a [`ShimError`].
+//! expose (CPU autocast, memory formats, deterministic mode, gradient hooks, SyncBatchNorm).
+//! Every shim function catches its C++ exceptions and returns them as a message, which
+//! [`check`] turns into a [`ShimError`].
 
 use std::ffi::{c_char, CStr};
 
@@ -11,7 +11,6 @@ pub(crate) mod ffi {
 
     pub type GradReadyFn = extern "C" fn(context: *mut c_void, index: usize);
     pub type AllReduceFn = extern "C" fn(context: *mut c_void, data: *mut f64, len: usize);
-    pub type NamedTensorFn = extern "C" fn(context: *mut c_void, name: *const c_char, tensor: *mut C_tensor);
 
     extern "C" {
         pub fn rtrain_shim_free(message: *mut c_char);
@@ -41,11 +40,6 @@ pub(crate) mod ffi {
             all_reduce: AllReduceFn,
             context: *mut c_void,
             out: *mut *mut C_tensor,
-        ) -> *mut c_char;
-        pub fn rtrain_load_state_dict(
-            path: *const c_char,
-            each: NamedTensorFn,
-            context: *mut c_void,
         ) -> *mut c_char;
     }
 }

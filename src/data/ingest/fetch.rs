@@ -17,7 +17,7 @@ use std::io::{self, BufWriter, IsTerminal, Read, Write};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use reqwest::blocking::{Client, Response};
@@ -48,6 +48,10 @@ pub struct FetchOptions {
     /// The first pause before a retry; it doubles with each failure in a row, up to
     /// [`MAX_BACKOFF`].
     pub backoff: Duration,
+    /// The file's size in bytes, when known: a server announcing another size is refused, a
+    /// body that runs past it is cut off (an endless body cannot fill the disk), and a partial
+    /// download longer than it is discarded.
+    pub size: Option<u64>,
 }
 
 impl Default for FetchOptions {
@@ -60,6 +64,7 @@ impl Default for FetchOptions {
             progress: true,
             timeout: Duration::from_secs(60),
             backoff: Duration::from_millis(500),
+            size: None,
         }
     }
 }
@@ -86,6 +91,10 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 const MAX_REDIRECTS: usize = 10;
 /// Read and write granularity; large enough that syscalls are not the bottleneck.
 const CHUNK: usize = 256 * 1024;
+/// A transfer that brings fewer than this many bytes per second over a whole
+/// [`FetchOptions::timeout`] has stalled (curl's `--speed-limit` over `--speed-time`): a server
+/// trickling a byte a second never trips a read timeout.
+pub const MIN_BYTES_PER_SECOND: u64 = 1024;
 /// Without a known size, a progress line is logged every this many bytes.
 const LOG_EVERY_UNSIZED: u64 = 512 * 1024 * 1024;
 
@@ -153,6 +162,22 @@ pub enum FetchError {
     Incomplete { url: String, attempts: u32, have: u64, expected: u64 },
     #[error("{url}: asked for bytes from {start} on, but the server answered Content-Range {value:?}")]
     BadContentRange { url: String, start: u64, value: String },
+    #[error(
+        "{url}: the transfer stalled (fewer than {MIN_BYTES_PER_SECOND} bytes/s for {window:?}) in each of \
+         {attempts} attempts; what arrived stays in {} for a later resume (delete it to start over)",
+        part.display()
+    )]
+    Stalled { url: String, attempts: u32, window: Duration, part: PathBuf },
+    #[error("{url}: the server announces {announced} bytes, not the expected {size} (--size)")]
+    SizeMismatch { url: String, size: u64, announced: u64 },
+    #[error("{url}: the server sent more than the expected {size} bytes (--size); the partial download was deleted")]
+    TooLong { url: String, size: u64 },
+    #[error(
+        "{}: the disk filled after {bytes} bytes; the partial download was deleted. Free space (or fetch \
+         onto another disk) and fetch again",
+        path.display()
+    )]
+    DiskFull { path: PathBuf, bytes: u64 },
     #[error("{url}: sha256 mismatch: expected {expected}, got {actual}; the downloaded data was deleted")]
     ChecksumMismatch { url: String, expected: String, actual: String },
     #[error("{}: cannot {action}", path.display())]
@@ -190,6 +215,8 @@ pub fn fetch(url: &str, out: &Path, options: &FetchOptions) -> Result<Fetched, F
         client: &client,
         part: PartFile::new(part),
         progress: Progress::new(options.progress, url),
+        size: options.size,
+        stall_window: options.timeout,
     };
     tracing::info!(url, out = %out.display(), "downloading");
 
@@ -197,6 +224,11 @@ pub fn fetch(url: &str, out: &Path, options: &FetchOptions) -> Result<Fetched, F
     // Failures in a row, counted from the last one that grew the partial file past `high_water`.
     let mut stalled = 0u32;
     let mut high_water = download.part.len_on_disk()?;
+    if let Some(size) = options.size.filter(|&size| high_water > size) {
+        tracing::warn!(part = %download.part.path.display(), on_disk = high_water, size, "partial download is longer than the file; starting over");
+        download.part.discard()?;
+        high_water = 0;
+    }
     loop {
         attempts += 1;
         let failure = match download.attempt() {
@@ -216,12 +248,15 @@ pub fn fetch(url: &str, out: &Path, options: &FetchOptions) -> Result<Fetched, F
         };
 
         let on_disk = download.part.len_on_disk()?;
-        if on_disk > high_water {
-            high_water = on_disk;
+        // A stalled attempt grows the part a little, and must still count, or a trickling
+        // server would be retried for ever.
+        let too_slow = matches!(failure.kind, TransientKind::TooSlow { .. });
+        if on_disk > high_water && !too_slow {
             stalled = 1;
         } else {
             stalled += 1;
         }
+        high_water = high_water.max(on_disk);
         if stalled > options.retries {
             download.progress.abandon();
             return Err(failure.kind.into_error(url, attempts));
@@ -370,6 +405,10 @@ struct Download<'a> {
     client: &'a Client,
     part: PartFile,
     progress: Progress,
+    /// [`FetchOptions::size`].
+    size: Option<u64>,
+    /// The window of [`MIN_BYTES_PER_SECOND`]: [`FetchOptions::timeout`].
+    stall_window: Duration,
 }
 
 /// How an attempt that did not fail ended.
@@ -403,6 +442,11 @@ enum TransientKind {
     },
     /// The body broke off and its length was never announced.
     Body(io::Error),
+    /// Fewer than [`MIN_BYTES_PER_SECOND`] arrived over a whole `window`.
+    TooSlow {
+        window: Duration,
+        part: PathBuf,
+    },
 }
 
 impl std::fmt::Display for TransientKind {
@@ -414,6 +458,9 @@ impl std::fmt::Display for TransientKind {
                 write!(f, "body ended early: {have} of {expected} bytes on disk")
             }
             TransientKind::Body(err) => write!(f, "body read failed: {err}"),
+            TransientKind::TooSlow { window, .. } => {
+                write!(f, "fewer than {MIN_BYTES_PER_SECOND} bytes/s for {window:?}")
+            }
         }
     }
 }
@@ -428,6 +475,7 @@ impl TransientKind {
                 FetchError::Incomplete { url, attempts, have, expected }
             }
             TransientKind::Body(source) => FetchError::Interrupted { url, attempts, source },
+            TransientKind::TooSlow { window, part } => FetchError::Stalled { url, attempts, window, part },
         }
     }
 }
@@ -459,11 +507,13 @@ impl Download<'_> {
                 // A full body: either nothing was on disk or the server ignored the Range.
                 let file = self.part.restart()?;
                 let total = response.content_length();
+                self.check_size(total)?;
                 self.stream(response, file, 0, total)?;
                 Ok(Attempt::Complete { resumed_from: 0 })
             }
             StatusCode::PARTIAL_CONTENT if start > 0 => {
                 let total = self.check_content_range(&response, start)?;
+                self.check_size(total)?;
                 let file = self.part.append(start)?;
                 self.stream(response, file, start, total)?;
                 Ok(Attempt::Complete { resumed_from: start })
@@ -489,6 +539,29 @@ impl Download<'_> {
             status if status.is_server_error() => Err(self.busy(&response)),
             status => Err(FetchError::HttpStatus { url: self.url.to_string(), status }.into()),
         }
+    }
+
+    /// Refuses a file the server announces at another size than `--size` says.
+    fn check_size(&self, announced: Option<u64>) -> Result<(), FetchError> {
+        match (self.size, announced) {
+            (Some(size), Some(announced)) if size != announced => {
+                Err(FetchError::SizeMismatch { url: self.url.to_string(), size, announced })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A failed write to the partial file; a full disk deletes it (resuming cannot help until
+    /// space is freed, and an endless body would otherwise stay behind filling it).
+    fn write_failed(&mut self, written: u64, source: io::Error) -> AttemptError {
+        if source.raw_os_error() == Some(libc::ENOSPC) {
+            let path = self.part.path.clone();
+            return match self.part.discard() {
+                Ok(()) => FetchError::DiskFull { path, bytes: written }.into(),
+                Err(err) => err.into(),
+            };
+        }
+        self.part.io_error("write", source).into()
     }
 
     fn classify(&self, err: reqwest::Error) -> AttemptError {
@@ -552,31 +625,61 @@ impl Download<'_> {
         let mut writer = BufWriter::with_capacity(4 * CHUNK, file);
         let mut buf = vec![0u8; CHUNK];
         let mut len = start;
+        let (mut window_start, mut window_from) = (Instant::now(), start);
         let broke_off = loop {
             match body.read(&mut buf) {
                 Ok(0) => break None,
                 Ok(n) => {
+                    if self.size.is_some_and(|size| len + n as u64 > size) {
+                        let size = self.size.unwrap_or_default();
+                        drop(writer);
+                        self.part.discard()?;
+                        return Err(FetchError::TooLong { url: self.url.to_string(), size }.into());
+                    }
                     self.part.hasher.update(&buf[..n]);
-                    writer.write_all(&buf[..n]).map_err(|source| self.part.io_error("write", source))?;
+                    if let Err(source) = writer.write_all(&buf[..n]) {
+                        drop(writer);
+                        return Err(self.write_failed(len, source));
+                    }
                     len += n as u64;
                     self.progress.update(len);
+                    if window_start.elapsed() >= self.stall_window {
+                        let minimum = MIN_BYTES_PER_SECOND.saturating_mul(self.stall_window.as_secs().max(1));
+                        if len - window_from < minimum {
+                            break Some(BrokeOff::TooSlow);
+                        }
+                        (window_start, window_from) = (Instant::now(), len);
+                    }
                 }
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-                Err(err) => break Some(err),
+                Err(err) => break Some(BrokeOff::Error(err)),
             }
         };
         // Whatever was hashed must be on disk, so that the next attempt can resume from it.
-        writer.flush().map_err(|source| self.part.io_error("write", source))?;
+        if let Err(source) = writer.flush() {
+            drop(writer);
+            return Err(self.write_failed(len, source));
+        }
         self.part.hashed_len = Some(len);
         match (broke_off, total) {
+            (Some(BrokeOff::TooSlow), _) => {
+                Err(TransientKind::TooSlow { window: self.stall_window, part: self.part.path.clone() }.into())
+            }
             (_, Some(expected)) if len < expected => {
                 Err(TransientKind::Truncated { have: len, expected }.into())
             }
-            (Some(err), None) => Err(TransientKind::Body(err).into()),
+            (Some(BrokeOff::Error(err)), None) => Err(TransientKind::Body(err).into()),
             // A read error after the announced length arrived cannot have cost any content.
             _ => Ok(()),
         }
     }
+}
+
+/// Why a body stopped before its end.
+enum BrokeOff {
+    Error(io::Error),
+    /// Slower than [`MIN_BYTES_PER_SECOND`] over a whole stall window.
+    TooSlow,
 }
 
 /// TOTAL from a `Content-Range: bytes */TOTAL` (or any other form) header, if there is one.
@@ -798,6 +901,10 @@ mod tests {
         IgnoreRangeCloseAfter(usize),
         /// 302 to this URL.
         RedirectTo(String),
+        /// 200 without a Content-Length, then zeros until the client goes away.
+        Endless,
+        /// 200 with the right Content-Length, then one byte every 100 ms.
+        Trickle,
     }
 
     /// A one-connection-at-a-time HTTP/1.1 server on loopback that plays `script`, one
@@ -857,6 +964,28 @@ mod tests {
         }
         seen.lock().unwrap().push(range.clone());
 
+        match behaviour {
+            Behaviour::Endless => {
+                stream.write_all(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n")?;
+                let zeros = vec![0u8; 64 * 1024];
+                loop {
+                    stream.write_all(&zeros)?;
+                }
+            }
+            Behaviour::Trickle => {
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    payload.len()
+                );
+                stream.write_all(head.as_bytes())?;
+                for byte in payload {
+                    stream.write_all(&[*byte])?;
+                    thread::sleep(Duration::from_millis(100));
+                }
+                return Ok(());
+            }
+            _ => {}
+        }
         let len = payload.len();
         let honours_range = matches!(behaviour, Behaviour::Serve | Behaviour::CloseAfter(_));
         let start = range
@@ -1235,5 +1364,61 @@ mod tests {
         let delays: Vec<u64> = (1..=6).map(|n| backoff(base, n).as_millis() as u64).collect();
         assert_eq!(delays, [500, 1000, 2000, 4000, 8000, 8000]);
         assert_eq!(backoff(base, 1000), MAX_BACKOFF);
+    }
+
+    /// An endless body (no Content-Length) with the size known: cut off at the size, the part
+    /// deleted, never retried (issue "Untrusted files read safely", case 9; it wrote 5.2 GB in
+    /// 20 s before, and left it behind).
+    #[test]
+    fn an_endless_body_stops_at_the_expected_size_and_leaves_nothing() {
+        let data = payload();
+        let server = Server::start(&data, vec![], Behaviour::Endless);
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("data.bin");
+        let opts = FetchOptions { size: Some(data.len() as u64), ..options(&data) };
+        let err = fetch(&server.url(), &out, &opts).unwrap_err();
+        assert!(matches!(err, FetchError::TooLong { size, .. } if size == data.len() as u64), "{err}");
+        assert!(err.to_string().contains(&server.url()), "{err}");
+        assert_eq!(names(dir.path()), Vec::<String>::new());
+        assert_eq!(server.ranges().len(), 1, "retried a body that cannot be right");
+    }
+
+    /// A server announcing another size than `--size` is refused before a byte is written; a
+    /// partial download longer than the size is discarded, not resumed (every rerun failed).
+    #[test]
+    fn the_expected_size_refuses_another_and_discards_a_longer_part() {
+        let data = payload();
+        let server = Server::start(&data, vec![], Behaviour::Serve);
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("data.bin");
+        let wrong = FetchOptions { size: Some(1000), ..options(&data) };
+        let err = fetch(&server.url(), &out, &wrong).unwrap_err();
+        assert!(
+            matches!(err, FetchError::SizeMismatch { size: 1000, announced, .. } if announced == data.len() as u64),
+            "{err}"
+        );
+
+        fs::write(dir.path().join("data.bin.part"), vec![7u8; data.len() + 10]).unwrap();
+        let right = FetchOptions { size: Some(data.len() as u64), ..options(&data) };
+        let fetched = fetch(&server.url(), &out, &right).unwrap();
+        assert_eq!(fetched.resumed_from, 0);
+        assert_eq!(fs::read(&out).unwrap(), data);
+    }
+
+    /// A server trickling a byte every 100 ms never trips a read timeout; it is a stall, and
+    /// its attempts count as failures although each adds a few bytes (no retrying for ever).
+    #[test]
+    fn a_trickling_server_is_a_stall_that_ends_the_fetch() {
+        let data = payload();
+        let server = Server::start(&data, vec![], Behaviour::Trickle);
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("data.bin");
+        let opts = FetchOptions { timeout: Duration::from_secs(1), retries: 1, ..options(&data) };
+        let started = Instant::now();
+        let err = fetch(&server.url(), &out, &opts).unwrap_err();
+        assert!(matches!(err, FetchError::Stalled { attempts: 2, .. }), "{err}");
+        let message = err.to_string();
+        assert!(message.contains("data.bin.part") && message.contains("stalled"), "{message}");
+        assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
     }
 }
