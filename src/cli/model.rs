@@ -1,5 +1,5 @@
-//! The commands that use a trained model from its checkpoint: `rtrain eval` (the validation
-//! split), `rtrain predict` (image files printed; or a campaign's photos into a directory, as
+//! The commands that use a trained model from its checkpoint: `rtrain eval` (a split's
+//! metrics, with intervals, and per-image results), `rtrain predict` (image files printed; or a campaign's photos into a directory, as
 //! a job) and `rtrain export` (a torchvision state dict).
 
 use std::path::PathBuf;
@@ -20,16 +20,58 @@ pub struct EvalArgs {
     pub checkpoint: PathBuf,
     #[command(flatten)]
     pub config: ConfigArgs,
+    /// The split of the data root to evaluate (default: data.val_split), e.g. a held-out `test`.
+    #[arg(long)]
+    pub split: Option<String>,
+    /// Evaluate this class-per-folder tree (or, with --split, this data root or shard set)
+    /// instead of data.root's split.
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// Write metrics.json and predictions.csv (each image's true class, predicted class and
+    /// probabilities) into DIR.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Bootstrap resamples of the 95% intervals (0: none).
+    #[arg(long, default_value_t = crate::metrics::DEFAULT_BOOTSTRAP)]
+    pub bootstrap: usize,
+    /// Seed of the bootstrap (default: run.seed): the same seed gives the same intervals.
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
 }
 
 impl EvalArgs {
+    /// The data root and split to evaluate.
+    fn source(&self, config: &crate::config::Config) -> (PathBuf, String) {
+        let split = self.split.clone();
+        match (&self.data, split) {
+            (None, split) => {
+                (config.data.root.clone(), split.unwrap_or_else(|| config.data.val_split.clone()))
+            }
+            (Some(root), Some(split)) => (root.clone(), split),
+            (Some(root), None) if crate::data::shards::is_shard_dir(root) => {
+                (root.clone(), config.data.val_split.clone())
+            }
+            // A class-per-folder tree itself: the split is its last component.
+            (Some(tree), None) => {
+                let parent = tree.parent().map(PathBuf::from).unwrap_or_default();
+                (parent, tree.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+            }
+        }
+    }
+
     pub(super) fn run(self) -> Result<()> {
         let config = self.config.load()?.config;
-        let (report, classes) = eval::evaluate_checkpoint(&config, &self.checkpoint)?;
-        print::eval_report(&report, &classes, self.json)
+        let (root, split) = self.source(&config);
+        let evaluation = eval::evaluate_checkpoint(&config, &self.checkpoint, &root, &split)?;
+        let seed = self.seed.unwrap_or(config.run.seed);
+        let evaluated = crate::report::evaluation::Evaluated::new(&evaluation, self.bootstrap, seed)?;
+        if let Some(out) = &self.out {
+            evaluated.write(out, &evaluation)?;
+        }
+        print::eval_report(&evaluated, self.json)
     }
 }
 

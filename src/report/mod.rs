@@ -2,6 +2,7 @@
 //! and CSV, several runs side by side) and `rtrain report --scaling RUN_DIR...` (how training
 //! scales with the number of ranks).
 
+pub mod evaluation;
 pub mod plot;
 pub mod runs;
 pub mod scaling;

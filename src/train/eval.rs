@@ -103,6 +103,17 @@ impl Confusion {
     }
 }
 
+/// One evaluated image: its dataset index, true class and the probability of every class.
+#[derive(Debug, Clone)]
+pub struct ImageResult {
+    pub index: usize,
+    pub label: usize,
+    pub probabilities: Vec<f64>,
+}
+
+/// Evaluates `model` on this rank's strided part of `dataset`, the counts summed over ranks; with
+/// `kept`, also keeps each of this rank's images' probabilities there (softmax of the logits
+/// in f64), for the metrics of [`crate::metrics`]. A collective.
 pub fn evaluate(
     model: &Model,
     dataset: Arc<dyn Dataset>,
@@ -110,6 +121,7 @@ pub fn evaluate(
     options: LoaderOptions,
     compute: &Compute,
     comm: &dyn Communicator,
+    mut kept: Option<&mut Vec<ImageResult>>,
 ) -> Result<EvalReport, EvalError> {
     let topology = comm.topology();
     let dir = dataset.root().to_path_buf();
@@ -141,6 +153,14 @@ pub fn evaluate(
             let labels: Vec<i64> = Vec::try_from(&batch.labels).map_err(read_back)?;
             let predictions: Vec<i64> = Vec::try_from(&predictions).map_err(read_back)?;
             confusion.add(&labels, &predictions, loss.to_kind(Kind::Double).double_value(&[]));
+            if let Some(kept) = kept.as_deref_mut() {
+                let probabilities =
+                    logits.to_kind(Kind::Double).softmax(-1, Kind::Double).to_device(tch::Device::Cpu);
+                let rows: Vec<Vec<f64>> = Vec::try_from(&probabilities).map_err(read_back)?;
+                for ((&index, &label), probabilities) in batch.indices.iter().zip(&labels).zip(rows) {
+                    kept.push(ImageResult { index, label: label as usize, probabilities });
+                }
+            }
         }
         Ok::<(), EvalError>(())
     })?;
@@ -155,7 +175,7 @@ pub fn evaluate_split(
     plan: &RunPlan,
     comm: &dyn Communicator,
 ) -> Result<EvalReport, EvalError> {
-    evaluate(model, split.clone(), plan.eval_transform(), plan.eval_loader(), &plan.compute, comm)
+    evaluate(model, split.clone(), plan.eval_transform(), plan.eval_loader(), &plan.compute, comm, None)
 }
 
 /// The run's best checkpoint evaluated again at the end, as the tutorial reloads and evaluates
@@ -182,14 +202,28 @@ pub fn evaluate_best(
     Ok((epoch, evaluate_split(&model, split, plan, comm)?))
 }
 
-/// `rtrain eval`: the checkpoint at `path` evaluated on the configured validation split, in one
-/// process on the CPU; returns the report and the checkpoint's class names.
-pub fn evaluate_checkpoint(config: &Config, path: &Path) -> Result<(EvalReport, Vec<String>), EvalError> {
+/// What `rtrain eval` found: the report, the checkpoint's class names, the dataset and each
+/// image's result in dataset order.
+pub struct CheckpointEvaluation {
+    pub report: EvalReport,
+    pub classes: Vec<String>,
+    pub dataset: Arc<dyn Dataset>,
+    pub images: Vec<ImageResult>,
+}
+
+/// `rtrain eval`: the checkpoint at `path` evaluated on `split` of the data root `root` (a
+/// class-per-folder tree or a shard set), in one process on the CPU.
+pub fn evaluate_checkpoint(
+    config: &Config,
+    path: &Path,
+    root: &Path,
+    split: &str,
+) -> Result<CheckpointEvaluation, EvalError> {
     let plan = RunPlan::for_inference(config);
     let (model, meta) = checkpoint::load_model(path)?;
     meta.warn_if_size_differs(path, config.data.image_size);
     plan.compute.prepare_model(&model)?;
-    let dataset = crate::data::open_split(&config.data.root, &config.data.val_split)?;
+    let dataset = crate::data::open_split(root, split)?;
     if dataset.classes() != meta.classes {
         return Err(EvalError::Classes {
             dir: dataset.root().to_path_buf(),
@@ -197,8 +231,18 @@ pub fn evaluate_checkpoint(config: &Config, path: &Path) -> Result<(EvalReport, 
             expected: meta.classes,
         });
     }
-    let report = evaluate_split(&model, &dataset, &plan, cluster::single().as_ref())?;
-    Ok((report, meta.classes))
+    let mut images = Vec::with_capacity(dataset.len());
+    let report = evaluate(
+        &model,
+        dataset.clone(),
+        plan.eval_transform(),
+        plan.eval_loader(),
+        &plan.compute,
+        cluster::single().as_ref(),
+        Some(&mut images),
+    )?;
+    images.sort_by_key(|image| image.index);
+    Ok(CheckpointEvaluation { report, classes: meta.classes, dataset, images })
 }
 
 #[cfg(test)]
