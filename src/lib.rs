@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod config;
 pub mod data;
 pub mod doctor;
+pub mod explain;
 pub mod metrics;
 pub mod model;
 pub mod plan;

@@ -33,7 +33,7 @@ impl Predictions<'_> {
 }
 
 /// The index of the largest value (the first of equal ones, as `argmax` everywhere).
-fn argmax(values: &[f64]) -> usize {
+pub fn argmax<T: PartialOrd + Copy>(values: &[T]) -> usize {
     values.iter().enumerate().fold(0, |best, (i, &v)| if v > values[best] { i } else { best })
 }
 
@@ -87,50 +87,98 @@ pub struct Metrics {
 pub fn compute(predictions: &Predictions) -> Metrics {
     let (n, c) = (predictions.labels.len(), predictions.num_classes);
     assert!(n > 0, "metrics of no images");
-    let mut confusion = vec![vec![0u64; c]; c];
-    for (i, &label) in predictions.labels.iter().enumerate() {
-        confusion[label][predictions.predicted(i)] += 1;
-    }
-    let ratio = |num: f64, den: f64| if den > 0.0 { num / den } else { 0.0 };
-    let support: Vec<u64> = confusion.iter().map(|row| row.iter().sum()).collect();
-    let predicted: Vec<u64> = (0..c).map(|j| confusion.iter().map(|row| row[j]).sum()).collect();
-    let per_class: Vec<ClassMetrics> = (0..c)
-        .map(|k| {
-            let tp = confusion[k][k] as f64;
-            let (precision, recall) = (ratio(tp, predicted[k] as f64), ratio(tp, support[k] as f64));
-            ClassMetrics {
-                precision,
-                recall,
-                f1: ratio(2.0 * tp, (predicted[k] + support[k]) as f64),
-                support: support[k],
-                roc_auc: roc_auc(predictions, k),
-            }
+    let predicted: Vec<usize> = (0..n).map(|i| predictions.predicted(i)).collect();
+    let confusion = confusion_of(predictions.labels, &predicted, 0..n, c);
+    let rates = class_rates(&confusion);
+    let [top1, macro_f1, balanced_accuracy, quadratic_kappa] = headline(&confusion, &rates);
+    let per_class: Vec<ClassMetrics> = rates
+        .iter()
+        .enumerate()
+        .map(|(k, rates)| ClassMetrics {
+            precision: rates.precision,
+            recall: rates.recall,
+            f1: rates.f1,
+            support: rates.support,
+            roc_auc: roc_auc(predictions, k),
         })
         .collect();
-    let correct: u64 = (0..c).map(|k| confusion[k][k]).sum();
-    let occurring: Vec<&ClassMetrics> = per_class.iter().filter(|m| m.support > 0).collect();
     let aucs: Vec<f64> = per_class.iter().filter_map(|m| m.roc_auc).collect();
     let (ece, reliability) = calibration(predictions);
     let errors: Vec<usize> =
-        (0..n).map(|i| predictions.predicted(i).abs_diff(predictions.labels[i])).filter(|&d| d > 0).collect();
+        (0..n).map(|i| predicted[i].abs_diff(predictions.labels[i])).filter(|&d| d > 0).collect();
+    let far_errors = errors.iter().filter(|&&d| d > 1).count() as f64;
     Metrics {
         images: n as u64,
-        top1: correct as f64 / n as f64,
+        top1,
         top_k: (2..=c.min(5)).map(|k| (k, top_k(predictions, k))).collect(),
-        macro_f1: per_class.iter().map(|m| m.f1).sum::<f64>() / c as f64,
+        macro_f1,
         weighted_f1: per_class.iter().map(|m| m.f1 * m.support as f64).sum::<f64>() / n as f64,
-        balanced_accuracy: occurring.iter().map(|m| m.recall).sum::<f64>() / occurring.len() as f64,
+        balanced_accuracy,
         log_loss: log_loss(predictions),
         cohen_kappa: kappa(&confusion, |_, _| 1.0),
-        quadratic_kappa: kappa(&confusion, |i, j| (i.abs_diff(j) as f64).powi(2)),
+        quadratic_kappa,
         mean_rank_error: errors.iter().sum::<usize>() as f64 / n as f64,
-        far_error_share: ratio(errors.iter().filter(|&&d| d > 1).count() as f64, errors.len() as f64),
+        far_error_share: if errors.is_empty() { 0.0 } else { far_errors / errors.len() as f64 },
         ece,
         reliability,
         macro_roc_auc: (!aucs.is_empty()).then(|| aucs.iter().sum::<f64>() / aucs.len() as f64),
         per_class,
         confusion,
     }
+}
+
+/// `confusion[true][predicted]` over the images `images` (indices, repeats counted).
+fn confusion_of(
+    labels: &[usize],
+    predicted: &[usize],
+    images: impl Iterator<Item = usize>,
+    num_classes: usize,
+) -> Vec<Vec<u64>> {
+    let mut confusion = vec![vec![0u64; num_classes]; num_classes];
+    for i in images {
+        confusion[labels[i]][predicted[i]] += 1;
+    }
+    confusion
+}
+
+/// One class's precision, recall, F1 and support.
+struct ClassRates {
+    precision: f64,
+    recall: f64,
+    f1: f64,
+    support: u64,
+}
+
+/// Each class's rates from `confusion[true][predicted]`.
+fn class_rates(confusion: &[Vec<u64>]) -> Vec<ClassRates> {
+    let ratio = |num: f64, den: f64| if den > 0.0 { num / den } else { 0.0 };
+    (0..confusion.len())
+        .map(|k| {
+            let tp = confusion[k][k] as f64;
+            let support: u64 = confusion[k].iter().sum();
+            let predicted: u64 = confusion.iter().map(|row| row[k]).sum();
+            ClassRates {
+                precision: ratio(tp, predicted as f64),
+                recall: ratio(tp, support as f64),
+                f1: ratio(2.0 * tp, (predicted + support) as f64),
+                support,
+            }
+        })
+        .collect()
+}
+
+/// Top-1, macro F1, balanced accuracy and quadratic kappa: the metrics with intervals, all
+/// functions of the confusion matrix (so the bootstrap recomputes them from counts alone).
+fn headline(confusion: &[Vec<u64>], rates: &[ClassRates]) -> [f64; 4] {
+    let n: u64 = confusion.iter().flatten().sum();
+    let correct: u64 = (0..confusion.len()).map(|k| confusion[k][k]).sum();
+    let occurring: Vec<&ClassRates> = rates.iter().filter(|r| r.support > 0).collect();
+    [
+        correct as f64 / n as f64,
+        rates.iter().map(|r| r.f1).sum::<f64>() / rates.len() as f64,
+        occurring.iter().map(|r| r.recall).sum::<f64>() / occurring.len() as f64,
+        kappa(confusion, |i, j| (i.abs_diff(j) as f64).powi(2)),
+    ]
 }
 
 /// Cohen's kappa of a confusion matrix with disagreement weights `weight(i, j)` (0 on the
@@ -184,11 +232,17 @@ fn top_k(predictions: &Predictions, k: usize) -> f64 {
     hits as f64 / predictions.labels.len() as f64
 }
 
-/// One-vs-rest ROC AUC of class `k`: the probability that an image of the class gets a higher
-/// score than one of another (ties count a half), by average ranks (the Mann-Whitney U; equal
-/// to the trapezoidal area under sklearn's ROC curve). None when either side is empty.
-fn roc_auc(predictions: &Predictions, k: usize) -> Option<f64> {
-    let mut scored: Vec<(f64, bool)> = predictions
+/// Class `k` against the rest: each image's probability of `k` with whether `k` is its class,
+/// and how many images are (positives) and are not (negatives) of it.
+struct OneVsRest {
+    scored: Vec<(f64, bool)>,
+    positives: f64,
+    negatives: f64,
+}
+
+/// [`OneVsRest`] of class `k`; None when either side is empty.
+fn one_vs_rest(predictions: &Predictions, k: usize) -> Option<OneVsRest> {
+    let scored: Vec<(f64, bool)> = predictions
         .labels
         .iter()
         .zip(predictions.probabilities)
@@ -196,9 +250,14 @@ fn roc_auc(predictions: &Predictions, k: usize) -> Option<f64> {
         .collect();
     let positives = scored.iter().filter(|(_, p)| *p).count() as f64;
     let negatives = scored.len() as f64 - positives;
-    if positives == 0.0 || negatives == 0.0 {
-        return None;
-    }
+    (positives > 0.0 && negatives > 0.0).then_some(OneVsRest { scored, positives, negatives })
+}
+
+/// One-vs-rest ROC AUC of class `k`: the probability that an image of the class gets a higher
+/// score than one of another (ties count a half), by average ranks (the Mann-Whitney U; equal
+/// to the trapezoidal area under sklearn's ROC curve). None when either side is empty.
+fn roc_auc(predictions: &Predictions, k: usize) -> Option<f64> {
+    let OneVsRest { mut scored, positives, negatives } = one_vs_rest(predictions, k)?;
     scored.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut rank_sum = 0.0;
     let mut start = 0;
@@ -209,6 +268,27 @@ fn roc_auc(predictions: &Predictions, k: usize) -> Option<f64> {
         start = end;
     }
     Some((rank_sum - positives * (positives + 1.0) / 2.0) / (positives * negatives))
+}
+
+/// Class `k`'s one-vs-rest ROC curve: (false positive rate, true positive rate) from (0, 0),
+/// one point per distinct score from the highest down (sklearn's `roc_curve` with
+/// `drop_intermediate=False`). None when either side is empty.
+pub fn roc_curve(predictions: &Predictions, k: usize) -> Option<Vec<(f64, f64)>> {
+    let OneVsRest { mut scored, positives, negatives } = one_vs_rest(predictions, k)?;
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut curve = vec![(0.0, 0.0)];
+    let (mut tp, mut fp) = (0.0, 0.0);
+    for (i, &(score, positive)) in scored.iter().enumerate() {
+        if positive {
+            tp += 1.0;
+        } else {
+            fp += 1.0;
+        }
+        if scored.get(i + 1).is_none_or(|next| next.0 != score) {
+            curve.push((fp / negatives, tp / positives));
+        }
+    }
+    Some(curve)
 }
 
 /// Expected calibration error over [`ECE_BINS`] equal-width bins of confidence (the top
@@ -269,26 +349,13 @@ pub struct Intervals {
 /// out of that metric's interval.
 pub fn bootstrap(predictions: &Predictions, resamples: usize, seed: u64) -> Intervals {
     let n = predictions.labels.len();
+    let predicted: Vec<usize> = (0..n).map(|i| predictions.predicted(i)).collect();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut draws: [Vec<f64>; 4] = Default::default();
-    let (mut labels, mut probabilities) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for _ in 0..resamples {
-        labels.clear();
-        probabilities.clear();
-        for _ in 0..n {
-            let i = rng.random_range(0..n);
-            labels.push(predictions.labels[i]);
-            probabilities.push(predictions.probabilities[i].clone());
-        }
-        let resampled = Predictions {
-            labels: &labels,
-            probabilities: &probabilities,
-            num_classes: predictions.num_classes,
-        };
-        let m = compute(&resampled);
-        for (draw, value) in
-            draws.iter_mut().zip([m.top1, m.macro_f1, m.balanced_accuracy, m.quadratic_kappa])
-        {
+        let drawn = (0..n).map(|_| rng.random_range(0..n));
+        let confusion = confusion_of(predictions.labels, &predicted, drawn, predictions.num_classes);
+        for (draw, value) in draws.iter_mut().zip(headline(&confusion, &class_rates(&confusion))) {
             if value.is_finite() {
                 draw.push(value);
             }
@@ -373,5 +440,21 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert!(a.top1.low <= 0.625 && 0.625 <= a.top1.high, "{a:?}");
+    }
+
+    #[test]
+    fn the_area_under_the_roc_curve_is_the_roc_auc() {
+        let labels = [0, 1, 2, 1, 0, 2, 2, 1, 0, 1];
+        let scores = [0.9, 0.4, 0.2, 0.4, 0.7, 0.1, 0.4, 0.8, 0.3, 0.6];
+        let probabilities: Vec<Vec<f64>> =
+            scores.iter().map(|&s: &f64| vec![s, (1.0 - s) / 2.0, (1.0 - s) / 2.0]).collect();
+        let predictions = Predictions { labels: &labels, probabilities: &probabilities, num_classes: 3 };
+        for k in 0..3 {
+            let curve = roc_curve(&predictions, k).unwrap();
+            assert_eq!(curve.first(), Some(&(0.0, 0.0)));
+            assert_eq!(curve.last(), Some(&(1.0, 1.0)));
+            let area: f64 = curve.windows(2).map(|w| (w[1].0 - w[0].0) * (w[1].1 + w[0].1) / 2.0).sum();
+            assert!((area - roc_auc(&predictions, k).unwrap()).abs() < 1e-12, "class {k}: {curve:?}");
+        }
     }
 }

@@ -152,6 +152,29 @@ fn eval_writes_per_image_results_whose_metrics_scikit_learn_confirms() {
         probabilities.push(row);
     }
     assert_eq!(labels.len(), 4 * 5, "one row per validation image");
+    // The gallery has a row per (true, predicted) pair with mistakes, as wide as its fullest
+    // pair (up to 4 thumbnails); every figure report.md shows exists.
+    let mut pairs = std::collections::BTreeMap::<(usize, usize), u32>::new();
+    for (label, row) in labels.iter().zip(&probabilities) {
+        let predicted = (0..row.len()).fold(0, |best, c| if row[c] > row[best] { c } else { best });
+        if predicted != *label {
+            *pairs.entry((*label, predicted)).or_default() += 1;
+        }
+    }
+    let gallery = image::open(dir.path().join("by-split/mistakes.png")).unwrap();
+    let columns = pairs.values().map(|&n| n.min(4)).max().unwrap_or(1);
+    let expected = (170 + columns * 140 + 12, 44 + pairs.len().max(1) as u32 * 184);
+    assert_eq!((gallery.width(), gallery.height()), expected, "pairs with mistakes: {pairs:?}");
+    let report = std::fs::read_to_string(dir.path().join("by-split/report.md")).unwrap();
+    for figure in report.split("](").skip(1).map(|rest| rest.split(')').next().unwrap()) {
+        assert!(
+            dir.path().join("by-split").join(figure).is_file(),
+            "report.md shows {figure}, which is missing"
+        );
+    }
+    assert!(
+        report.contains("mistakes.png") && report.contains("reliability.svg") && report.contains("roc.svg")
+    );
     assert_eq!(metrics["samples"], 20);
     let reference = reference(dir.path(), &labels, &probabilities, classes.len());
     let m = &metrics["metrics"];

@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashMap;
 
 use rtrain::model::{Arch, Model};
-use rtrain::run_dir::checkpoint::{self, CheckpointMeta, EpochTotals};
+use rtrain::run_dir::checkpoint;
 use rtrain::util::files::{read_safetensors, write_safetensors};
 use tch::{Device, Kind, Tensor};
 
@@ -23,23 +23,8 @@ fn exported_logits_match(arch: Arch, num_classes: usize, head_hidden: &[usize]) 
                 .forward_t(&(Tensor::randn([4, 3, 64, 64], (Kind::Float, Device::Cpu)) * 2.0 + 0.5), true);
         }
     });
-    let meta = CheckpointMeta {
-        arch,
-        num_classes,
-        classes: (0..num_classes).map(|i| format!("c{i}")).collect(),
-        head_hidden: head_hidden.to_vec(),
-        epoch: 1,
-        step_in_epoch: 0,
-        global_step: 3,
-        seed: 0,
-        image_size: Some(64),
-        config_hash: String::new(),
-        val_top1: None,
-        best_val_top1: None,
-        epoch_totals: EpochTotals::default(),
-        plateau: None,
-        rtrain_version: "test".into(),
-    };
+    let classes = (0..num_classes).map(|i| format!("c{i}")).collect();
+    let meta = common::checkpoint_meta(arch, classes, head_hidden, 3, 64);
     let ckpt = dir.path().join("ckpt.safetensors");
     checkpoint::save(&ckpt, &meta, model.state_dict().into_iter().collect(), vec![]).unwrap();
     let weights = dir.path().join("weights.safetensors");

@@ -31,7 +31,7 @@ pub use bench::BenchCommand;
 pub use data::DataCommand;
 pub use doctor::DoctorArgs;
 pub use exit::exit_code;
-pub use model::{EvalArgs, ExportArgs, PredictArgs};
+pub use model::{EvalArgs, ExplainArgs, ExportArgs, PredictArgs};
 pub use report::{ReportArgs, VerifyArgs};
 pub use train::{ReproduceArgs, TrainArgs};
 pub use weights::WeightsCommand;
@@ -62,10 +62,12 @@ pub struct Cli {
 pub enum Command {
     /// Train a model; writes a run directory (config, metrics, checkpoints, final weights).
     Train(TrainArgs),
-    /// Evaluate a checkpoint on the validation split.
+    /// Evaluate a checkpoint on a split or tree: metrics with intervals, per-image results.
     Eval(EvalArgs),
     /// Classify images with a checkpoint.
     Predict(PredictArgs),
+    /// Grad-CAM heatmaps: where in each image the model finds its class.
+    Explain(ExplainArgs),
     /// Write a checkpoint's weights as a torchvision state dict (.safetensors).
     Export(ExportArgs),
     /// Datasets: the built-in synthetic set and IDX import.
@@ -134,6 +136,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Train(args) => args.run(),
         Command::Eval(args) => args.run(),
         Command::Predict(args) => args.run(),
+        Command::Explain(args) => args.run(),
         Command::Export(args) => args.run(),
         Command::Data(command) => command.run(),
         Command::Weights(command) => command.run(),

@@ -1,6 +1,6 @@
 //! The commands that use a trained model from its checkpoint: `rtrain eval` (a split's
 //! metrics, with intervals, and per-image results), `rtrain predict` (image files printed; or a campaign's photos into a directory, as
-//! a job) and `rtrain export` (a torchvision state dict).
+//! a job), `rtrain explain` (Grad-CAM heatmaps) and `rtrain export` (a torchvision state dict).
 
 use std::path::PathBuf;
 
@@ -9,6 +9,7 @@ use clap::Args;
 
 use super::{exit_code, print, ConfigArgs};
 use crate::cluster::job;
+use crate::explain;
 use crate::predict;
 use crate::predict::campaign::{self, OnBadImage};
 use crate::run_dir::checkpoint;
@@ -42,36 +43,44 @@ pub struct EvalArgs {
     pub json: bool,
 }
 
-impl EvalArgs {
-    /// The data root and split to evaluate.
-    fn source(&self, config: &crate::config::Config) -> (PathBuf, String) {
-        let split = self.split.clone();
-        match (&self.data, split) {
-            (None, split) => {
-                (config.data.root.clone(), split.unwrap_or_else(|| config.data.val_split.clone()))
-            }
-            (Some(root), Some(split)) => (root.clone(), split),
-            (Some(root), None) if crate::data::shards::is_shard_dir(root) => {
-                (root.clone(), config.data.val_split.clone())
-            }
-            // A class-per-folder tree itself: the split is its last component.
-            (Some(tree), None) => {
-                let parent = tree.parent().map(PathBuf::from).unwrap_or_default();
-                (parent, tree.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
-            }
+/// The data root and split that `--data` and `--split` name (by default data.root and
+/// data.val_split; `--data TREE` alone is a class-per-folder tree, its last component the split).
+fn split_source(
+    config: &crate::config::Config,
+    data: Option<&PathBuf>,
+    split: Option<String>,
+) -> (PathBuf, String) {
+    match (data, split) {
+        (None, split) => (config.data.root.clone(), split.unwrap_or_else(|| config.data.val_split.clone())),
+        (Some(root), Some(split)) => (root.clone(), split),
+        (Some(root), None) if crate::data::shards::is_shard_dir(root) => {
+            (root.clone(), config.data.val_split.clone())
+        }
+        (Some(tree), None) => {
+            let parent = tree.parent().map(PathBuf::from).unwrap_or_default();
+            (parent, tree.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
         }
     }
+}
 
+impl EvalArgs {
+    /// Data-parallel under any launcher, as predict --out: rank 0 reports and writes.
     pub(super) fn run(self) -> Result<()> {
-        let config = self.config.load()?.config;
-        let (root, split) = self.source(&config);
-        let evaluation = eval::evaluate_checkpoint(&config, &self.checkpoint, &root, &split)?;
-        let seed = self.seed.unwrap_or(config.run.seed);
-        let evaluated = crate::report::evaluation::Evaluated::new(&evaluation, self.bootstrap, seed)?;
-        if let Some(out) = &self.out {
-            evaluated.write(out, &evaluation)?;
-        }
-        print::eval_report(&evaluated, self.json)
+        let loaded = self.config.load().map(|loaded| loaded.config);
+        job::run_in_job(loaded, exit_code, |config, comm| {
+            let (root, split) = split_source(config, self.data.as_ref(), self.split.clone());
+            let evaluation =
+                eval::evaluate_checkpoint(config, comm.as_ref(), &self.checkpoint, &root, &split)?;
+            if !comm.topology().is_root() {
+                return Ok(());
+            }
+            let seed = self.seed.unwrap_or(config.run.seed);
+            let evaluated = crate::report::evaluation::Evaluated::new(&evaluation, self.bootstrap, seed)?;
+            if let Some(out) = &self.out {
+                evaluated.write(out, &evaluation)?;
+            }
+            print::eval_report(&evaluated, self.json)
+        })
     }
 }
 
@@ -132,6 +141,62 @@ impl PredictArgs {
             }
             Ok(())
         })
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Write the overlays, maps and index.csv into DIR.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// The stage whose activations are weighed (torchvision's layer1-layer4).
+    #[arg(long, default_value = "layer4")]
+    pub layer: String,
+    /// Explain this class (name or index) instead of each image's predicted class.
+    #[arg(long, value_name = "C")]
+    pub class: Option<String>,
+    /// Explain a sample of this split's images (a data root with --split, a class-per-folder
+    /// tree, or a shard set) instead of IMG files.
+    #[arg(long, value_name = "DIR", conflicts_with = "images")]
+    pub data: Option<PathBuf>,
+    /// The split of --data (default: data.val_split).
+    #[arg(long, requires = "data")]
+    pub split: Option<String>,
+    /// How many images of --data to explain.
+    #[arg(long, default_value_t = 16, requires = "data")]
+    pub count: usize,
+    /// Seed of the sample of --data (default: run.seed).
+    #[arg(long, requires = "data")]
+    pub seed: Option<u64>,
+    /// Image files, directories (searched recursively) or shard sets.
+    #[arg(required_unless_present = "data", value_name = "IMG")]
+    pub images: Vec<PathBuf>,
+}
+
+impl ExplainArgs {
+    pub(super) fn run(self) -> Result<()> {
+        let config = self.config.load()?.config;
+        let images = match &self.data {
+            None => explain::Images::Inputs(self.images),
+            Some(data) => {
+                let (root, split) = split_source(&config, Some(data), self.split);
+                let seed = self.seed.unwrap_or(config.run.seed);
+                explain::Images::Sample { root, split, count: self.count, seed }
+            }
+        };
+        let request = explain::Request {
+            checkpoint: self.checkpoint,
+            images,
+            out: self.out,
+            layer: self.layer,
+            class: self.class,
+        };
+        let explained = explain::explain(&config, &request)?;
+        print::explained(&explained, &request.out)
     }
 }
 

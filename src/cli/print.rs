@@ -11,7 +11,7 @@ use crate::bench::{
 };
 use crate::cluster::Topology;
 use crate::data::shards::ShardManifest;
-use crate::metrics::{Interval, Intervals};
+use crate::explain::Explained;
 use crate::predict::Prediction;
 use crate::report::evaluation::Evaluated;
 use crate::run_dir::manifest::Finding;
@@ -19,51 +19,8 @@ use crate::run_dir::manifest::Finding;
 pub fn eval_report(evaluated: &Evaluated, json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(evaluated)?);
-        return Ok(());
-    }
-    let (report, m) = (&evaluated.report, &evaluated.metrics);
-    println!("{}: {} images, loss {:.4}", evaluated.data.display(), report.samples, report.loss);
-    println!(
-        "  {:<24} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "class", "precision", "recall", "f1", "support", "roc auc"
-    );
-    for (class, c) in evaluated.classes.iter().zip(&m.per_class) {
-        let auc = c.roc_auc.map_or("-".to_string(), |auc| format!("{auc:.4}"));
-        println!(
-            "  {class:<24} {:>9.4} {:>9.4} {:>9.4} {:>9} {auc:>9}",
-            c.precision, c.recall, c.f1, c.support
-        );
-    }
-    let interval = |pick: fn(&Intervals) -> Interval| {
-        evaluated
-            .intervals
-            .as_ref()
-            .map(pick)
-            .map_or(String::new(), |i| format!(" (95% interval [{:.4}, {:.4}])", i.low, i.high))
-    };
-    println!("top-1 {:.4}{}", m.top1, interval(|i| i.top1));
-    println!("macro F1 {:.4}{}, weighted F1 {:.4}", m.macro_f1, interval(|i| i.macro_f1), m.weighted_f1);
-    println!("balanced accuracy {:.4}{}", m.balanced_accuracy, interval(|i| i.balanced_accuracy));
-    println!(
-        "Cohen's kappa {:.4}, quadratic-weighted {:.4}{}",
-        m.cohen_kappa,
-        m.quadratic_kappa,
-        interval(|i| i.quadratic_kappa)
-    );
-    println!(
-        "mean error in class rank {:.4}, errors more than one class away {:.1}%",
-        m.mean_rank_error,
-        100.0 * m.far_error_share
-    );
-    println!(
-        "log loss {:.4}, expected calibration error {:.4} ({} bins)",
-        m.log_loss,
-        m.ece,
-        crate::metrics::ECE_BINS
-    );
-    println!("confusion (rows: true, columns: predicted):");
-    for row in &report.confusion {
-        println!("  {row:?}");
+    } else {
+        print!("{}", evaluated.describe());
     }
     Ok(())
 }
@@ -78,6 +35,25 @@ pub fn predictions(predictions: &[Prediction], json: bool) -> Result<()> {
             prediction.top.iter().map(|p| format!("{} {:.3}", p.class, p.probability)).collect();
         println!("{}: {}", prediction.image.display(), shown.join(", "));
     }
+    Ok(())
+}
+
+/// Each explained image's line, then where the files are.
+pub fn explained(explained: &[Explained], out: &Path) -> Result<()> {
+    for row in explained {
+        let truth = row.true_class.as_ref().map(|t| format!(" (true {t})")).unwrap_or_default();
+        println!(
+            "{}{truth}: predicted {} {:.3}; {} map of {} {:.3} in {}",
+            row.image,
+            row.predicted,
+            row.predicted_probability,
+            row.layer,
+            row.explained,
+            row.explained_probability,
+            row.overlay
+        );
+    }
+    println!("{} images explained: {}", explained.len(), out.join("index.csv").display());
     Ok(())
 }
 

@@ -189,6 +189,16 @@ impl Model {
         self.net.forward_t(images, train && !self.batchnorm_frozen)
     }
 
+    /// Evaluation mode's output of stage `stage` (1-4: torchvision's `layer1`-`layer4`).
+    pub fn stage_output(&self, images: &Tensor, stage: usize) -> Tensor {
+        self.net.stage_output(images, stage, false)
+    }
+
+    /// Evaluation mode's logits from the output of stage `stage` (see [`Model::stage_output`]).
+    pub fn logits_from_stage(&self, activations: &Tensor, stage: usize) -> Tensor {
+        self.net.logits_from_stage(activations, stage, false)
+    }
+
     /// Every parameter and buffer, sorted by name (torchvision's names).
     pub fn state_dict(&self) -> BTreeMap<String, Tensor> {
         self.vs.variables().into_iter().collect()

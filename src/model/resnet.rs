@@ -145,14 +145,32 @@ fn head(p: &nn::Path, channels: i64, hidden: &[i64], num_classes: i64) -> nn::Se
     seq.add(nn::linear(p / (2 * hidden.len()).to_string(), width, num_classes, Default::default()))
 }
 
-impl ModuleT for ResNet {
-    fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
+impl ResNet {
+    /// The output of stage `stage` (1 is torchvision's `layer1`, 4 its `layer4`; 0 the stem's
+    /// max-pooled output), the activations Grad-CAM weighs.
+    pub fn stage_output(&self, xs: &Tensor, stage: usize, train: bool) -> Tensor {
         let mut out = self.bn1.forward_t(&xs.apply(&self.conv1), train);
         let _ = out.relu_();
         let mut out = out.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false);
-        for block in self.layers.iter().flatten() {
+        for block in self.layers[..stage].iter().flatten() {
+            out = block.forward(&out, train);
+        }
+        out
+    }
+
+    /// The logits from stage `stage`'s output: the later stages, pooling and the head. Nothing
+    /// here writes into `activations`, so they may be a leaf that requires a gradient.
+    pub fn logits_from_stage(&self, activations: &Tensor, stage: usize, train: bool) -> Tensor {
+        let mut out = activations.shallow_clone();
+        for block in self.layers[stage..].iter().flatten() {
             out = block.forward(&out, train);
         }
         out.adaptive_avg_pool2d([1, 1]).flatten(1, -1).apply(&self.fc)
+    }
+}
+
+impl ModuleT for ResNet {
+    fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
+        self.logits_from_stage(&self.stage_output(xs, 0, train), 0, train)
     }
 }

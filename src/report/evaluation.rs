@@ -1,13 +1,17 @@
 //! What `rtrain eval` reports about a checkpoint on a split: the metrics of [`crate::metrics`]
 //! with their bootstrap intervals beside training's own report (loss, top-1, confusion), as
-//! JSON (`--json`, `metrics.json`), and each image's result (`predictions.csv`).
+//! text, as JSON (`--json`, `metrics.json`), each image's result (`predictions.csv`), and with
+//! `--out` the figures: the confusion matrix in counts and by row, the reliability diagram,
+//! the ROC curves and the gallery of the most confident mistakes, listed in `report.md`.
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use crate::metrics::{self, Intervals, Metrics, Predictions};
+use crate::metrics::{self, Interval, Intervals, Metrics, Predictions};
+use crate::report::{gallery, plot};
 use crate::run_dir::records::EvalReport;
 use crate::train::eval::CheckpointEvaluation;
 use crate::util::files;
@@ -23,6 +27,9 @@ pub struct Evaluated {
     pub metrics: Metrics,
     /// 95% percentile-bootstrap intervals; None with `--bootstrap 0`.
     pub intervals: Option<Intervals>,
+    /// Each class's one-vs-rest ROC curve (None when it has no image, or only its images).
+    #[serde(skip)]
+    pub roc_curves: Vec<Option<Vec<(f64, f64)>>>,
 }
 
 impl Evaluated {
@@ -45,11 +52,77 @@ impl Evaluated {
             report: evaluation.report.clone(),
             metrics: metrics::compute(&predictions),
             intervals: (resamples > 0).then(|| metrics::bootstrap(&predictions, resamples, seed)),
+            roc_curves: (0..evaluation.classes.len()).map(|k| metrics::roc_curve(&predictions, k)).collect(),
         })
     }
 
-    /// Writes `out/metrics.json` (what `--json` prints) and `out/predictions.csv`, each
-    /// atomically.
+    /// The report as text: per-class table, headline metrics with intervals, confusion.
+    pub fn describe(&self) -> String {
+        let (report, m) = (&self.report, &self.metrics);
+        let mut text = String::new();
+        let _ = writeln!(text, "{}: {} images, loss {:.4}", self.data.display(), report.samples, report.loss);
+        let _ = writeln!(
+            text,
+            "  {:<24} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "class", "precision", "recall", "f1", "support", "roc auc"
+        );
+        for (class, c) in self.classes.iter().zip(&m.per_class) {
+            let auc = c.roc_auc.map_or("-".to_string(), |auc| format!("{auc:.4}"));
+            let _ = writeln!(
+                text,
+                "  {class:<24} {:>9.4} {:>9.4} {:>9.4} {:>9} {auc:>9}",
+                c.precision, c.recall, c.f1, c.support
+            );
+        }
+        let interval = |pick: fn(&Intervals) -> Interval| {
+            self.intervals
+                .as_ref()
+                .map(pick)
+                .map_or(String::new(), |i| format!(" (95% interval [{:.4}, {:.4}])", i.low, i.high))
+        };
+        let _ = writeln!(text, "top-1 {:.4}{}", m.top1, interval(|i| i.top1));
+        let _ = writeln!(
+            text,
+            "macro F1 {:.4}{}, weighted F1 {:.4}",
+            m.macro_f1,
+            interval(|i| i.macro_f1),
+            m.weighted_f1
+        );
+        let _ = writeln!(
+            text,
+            "balanced accuracy {:.4}{}",
+            m.balanced_accuracy,
+            interval(|i| i.balanced_accuracy)
+        );
+        let _ = writeln!(
+            text,
+            "Cohen's kappa {:.4}, quadratic-weighted {:.4}{}",
+            m.cohen_kappa,
+            m.quadratic_kappa,
+            interval(|i| i.quadratic_kappa)
+        );
+        let _ = writeln!(
+            text,
+            "mean error in class rank {:.4}, errors more than one class away {:.1}%",
+            m.mean_rank_error,
+            100.0 * m.far_error_share
+        );
+        let _ = writeln!(
+            text,
+            "log loss {:.4}, expected calibration error {:.4} ({} bins)",
+            m.log_loss,
+            m.ece,
+            metrics::ECE_BINS
+        );
+        let _ = writeln!(text, "confusion (rows: true, columns: predicted):");
+        for row in &report.confusion {
+            let _ = writeln!(text, "  {row:?}");
+        }
+        text
+    }
+
+    /// Writes into `out`, each file atomically: `metrics.json` (what `--json` prints),
+    /// `predictions.csv`, the figures (SVG and PNG; the gallery PNG) and `report.md`.
     pub fn write(&self, out: &Path, evaluation: &CheckpointEvaluation) -> Result<()> {
         std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
         files::write_atomic(&out.join("metrics.json"), serde_json::to_string_pretty(self)?.as_bytes())?;
@@ -64,13 +137,7 @@ impl Evaluated {
         header.extend(self.classes.iter().map(|class| format!("probability_{class}")));
         csv.write_record(&header)?;
         for image in &evaluation.images {
-            let predicted = image.probabilities.iter().enumerate().fold(0, |best, (c, &p)| {
-                if p > image.probabilities[best] {
-                    c
-                } else {
-                    best
-                }
-            });
+            let predicted = crate::metrics::argmax(&image.probabilities);
             let mut row = vec![
                 evaluation.dataset.describe(image.index),
                 self.classes[image.label].clone(),
@@ -83,6 +150,73 @@ impl Evaluated {
         }
         let bytes = csv.into_inner().context("writing predictions.csv")?;
         files::write_atomic(&out.join("predictions.csv"), &bytes)?;
+        self.write_figures(out, evaluation)?;
+        Ok(())
+    }
+
+    fn write_figures(&self, out: &Path, evaluation: &CheckpointEvaluation) -> Result<()> {
+        let confusion = &self.metrics.confusion;
+        plot::confusion(&out.join("confusion"), "Confusion", &self.classes, confusion, plot::Cells::Counts)?;
+        let title = "Confusion by true class (recall on the diagonal)";
+        plot::confusion(
+            &out.join("confusion-by-row"),
+            title,
+            &self.classes,
+            confusion,
+            plot::Cells::RowShares,
+        )?;
+        let diagonal =
+            |label: &str| plot::Series { label: label.into(), points: vec![(0.0, 0.0), (1.0, 1.0)] };
+        let occupied = self.metrics.reliability.iter().filter(|bin| bin.count > 0);
+        let reliability = [
+            plot::Series {
+                label: format!("model (ECE {:.4})", self.metrics.ece),
+                points: occupied.map(|bin| (bin.confidence, bin.accuracy)).collect(),
+            },
+            diagonal("perfectly calibrated"),
+        ];
+        let labels = plot::Labels {
+            title: "Reliability (15 equal-width confidence bins)",
+            x: "confidence (top probability)",
+            y: "accuracy",
+            log_y: false,
+        };
+        plot::lines(&out.join("reliability"), &labels, &reliability)?;
+        let mut roc: Vec<plot::Series> = self
+            .classes
+            .iter()
+            .zip(&self.roc_curves)
+            .zip(&self.metrics.per_class)
+            .filter_map(|((class, curve), m)| {
+                let label = format!("{class} (AUC {:.3})", m.roc_auc?);
+                Some(plot::Series { label, points: curve.clone()? })
+            })
+            .collect();
+        roc.push(diagonal("chance"));
+        let labels = plot::Labels {
+            title: "ROC, one class vs the rest",
+            x: "false positive rate",
+            y: "true positive rate",
+            log_y: false,
+        };
+        plot::lines(&out.join("roc"), &labels, &roc)?;
+        let mistakes = gallery::most_confident_mistakes(&evaluation.images, gallery::DEFAULT_PER_PAIR);
+        let title = format!("Most confident mistakes (up to {} per pair)", gallery::DEFAULT_PER_PAIR);
+        gallery::draw(
+            &out.join("mistakes.png"),
+            &title,
+            evaluation.dataset.as_ref(),
+            &self.classes,
+            &mistakes,
+        )?;
+        let markdown = format!(
+            "# Evaluation of {}\n\n```\n{}```\n\n![confusion](confusion.svg)\n\n\
+             ![confusion by true class](confusion-by-row.svg)\n\n![reliability](reliability.svg)\n\n\
+             ![ROC](roc.svg)\n\n![most confident mistakes](mistakes.png)\n",
+            self.data.display(),
+            self.describe()
+        );
+        files::write_atomic(&out.join("report.md"), markdown.as_bytes())?;
         Ok(())
     }
 }

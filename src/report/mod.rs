@@ -3,6 +3,7 @@
 //! scales with the number of ranks).
 
 pub mod evaluation;
+pub mod gallery;
 pub mod plot;
 pub mod runs;
 pub mod scaling;

@@ -30,7 +30,7 @@ const FONT_PATHS: &[&str] = &[
 ];
 
 /// Registers DejaVu Sans as plotters' "sans-serif", once per process.
-fn ensure_font() -> Result<(), PlotError> {
+pub(super) fn ensure_font() -> Result<(), PlotError> {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
     let ok = *REGISTERED.get_or_init(|| {
         FONT_PATHS.iter().filter_map(|path| std::fs::read(path).ok()).any(|bytes| {
@@ -255,14 +255,29 @@ fn decade_label(v: f64) -> String {
     format!("{value}")
 }
 
-/// The confusion matrix as a heat map (rows: true class, columns: predicted), with counts.
-pub fn confusion(stem: &Path, title: &str, classes: &[String], counts: &[Vec<u64>]) -> Result<(), PlotError> {
+/// What a confusion matrix's cells show: the counts, or each row's shares (the recall of its
+/// class on the diagonal).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Cells {
+    Counts,
+    RowShares,
+}
+
+/// The confusion matrix as a heat map (rows: true class, columns: predicted), shaded by the
+/// share of the row, with counts or shares written in.
+pub fn confusion(
+    stem: &Path,
+    title: &str,
+    classes: &[String],
+    counts: &[Vec<u64>],
+    cells: Cells,
+) -> Result<(), PlotError> {
     let (svg, png) = outputs(stem)?;
     let (mut svg_text, mut pixels) = (String::new(), pixel_buffer());
-    draw_confusion(SVGBackend::with_string(&mut svg_text, SIZE).into_drawing_area(), title, classes, counts)
-        .map_err(failed(&svg))?;
-    draw_confusion(BitMapBackend::with_buffer(&mut pixels, SIZE).into_drawing_area(), title, classes, counts)
-        .map_err(failed(&png))?;
+    let svg_area = SVGBackend::with_string(&mut svg_text, SIZE).into_drawing_area();
+    draw_confusion(svg_area, title, classes, counts, cells).map_err(failed(&svg))?;
+    let png_area = BitMapBackend::with_buffer(&mut pixels, SIZE).into_drawing_area();
+    draw_confusion(png_area, title, classes, counts, cells).map_err(failed(&png))?;
     write_chart(&svg, &svg_text, &png, pixels)
 }
 
@@ -271,6 +286,7 @@ fn draw_confusion<DB: DrawingBackend>(
     title: &str,
     classes: &[String],
     counts: &[Vec<u64>],
+    cells: Cells,
 ) -> Result<(), String> {
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     area.fill(&WHITE).map_err(err)?;
@@ -316,7 +332,10 @@ fn draw_confusion<DB: DrawingBackend>(
             let at = (SegmentValue::CenterOf(predicted), SegmentValue::CenterOf(y));
             chart
                 .draw_series(std::iter::once(Text::new(
-                    count.to_string(),
+                    match cells {
+                        Cells::Counts => count.to_string(),
+                        Cells::RowShares => format!("{share:.2}"),
+                    },
                     at,
                     ("sans-serif", 18).into_font().color(&ink).pos(centred),
                 )))

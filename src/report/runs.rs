@@ -120,12 +120,12 @@ pub fn write(runs: &[RunData], out: &Path) -> Result<PathBuf, RunReportError> {
     for run in runs {
         if let Some(eval) = run.last_eval() {
             let title = format!("{}: validation confusion, epoch {}", run.name, run.epochs.len());
-            plot::confusion(
-                &out.join(format!("confusion-{}", run.name)),
-                &title,
-                &run.classes,
-                &eval.confusion,
-            )?;
+            let stem = out.join(format!("confusion-{}", run.name));
+            plot::confusion(&stem, &title, &run.classes, &eval.confusion, plot::Cells::Counts)?;
+            let title =
+                format!("{}: validation confusion by true class, epoch {}", run.name, run.epochs.len());
+            let stem = out.join(format!("confusion-{}-by-row", run.name));
+            plot::confusion(&stem, &title, &run.classes, &eval.confusion, plot::Cells::RowShares)?;
         }
     }
     for (name, csv) in [("epochs.csv", epochs_csv(runs)), ("steps.csv", steps_csv(runs))] {
@@ -290,6 +290,7 @@ fn markdown(runs: &[RunData]) -> String {
                 );
             }
             let _ = writeln!(md, "\n![confusion](confusion-{}.svg)\n", run.name);
+            let _ = writeln!(md, "![confusion by true class](confusion-{}-by-row.svg)\n", run.name);
         }
     }
     md

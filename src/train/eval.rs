@@ -1,7 +1,9 @@
 //! Evaluation: loss, top-1, per-class accuracy and the confusion matrix over a dataset split,
 //! with the model in inference mode (BatchNorm running statistics, no gradients). With several
-//! ranks each evaluates a disjoint strided part of the split and the counts are summed, so the
-//! report covers every image exactly once.
+//! ranks the split's batches are dealt out whole (batch b to rank b mod W) and the counts are
+//! summed, so the report covers every image exactly once, and every image is in a batch of the
+//! same images at any world size: `rtrain eval` gathers per-image results that do not depend
+//! on the number of ranks, bit for bit.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -38,6 +40,10 @@ pub enum EvalError {
     ReadBack { dir: std::path::PathBuf, source: tch::TchError },
     #[error(transparent)]
     Model(#[from] crate::model::ModelError),
+    #[error(transparent)]
+    Plan(#[from] crate::plan::PlanError),
+    #[error("{}: rank {rank} sees {theirs}, rank 0 {root}: every rank must see the same split", dir.display())]
+    RanksDiffer { dir: std::path::PathBuf, rank: usize, theirs: String, root: String },
 }
 
 /// Counts predictions against labels; kept apart from the model so it is testable alone.
@@ -103,15 +109,70 @@ impl Confusion {
     }
 }
 
-/// One evaluated image: its dataset index, true class and the probability of every class.
-#[derive(Debug, Clone)]
+/// One evaluated image: its dataset index, true class, the class of its largest logit, its
+/// cross-entropy loss and the probability of every class.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ImageResult {
     pub index: usize,
     pub label: usize,
+    pub predicted: usize,
+    pub loss: f64,
     pub probabilities: Vec<f64>,
 }
 
-/// Evaluates `model` on this rank's strided part of `dataset`, the counts summed over ranks; with
+/// This rank's part of `len` samples in batches of `batch_size`: whole batches, batch b to rank
+/// b mod W, so that each batch holds the same samples whatever the world size.
+fn rank_part(len: usize, batch_size: usize, rank: usize, world_size: usize) -> Vec<usize> {
+    let batch_size = batch_size.max(1);
+    (0..len.div_ceil(batch_size))
+        .skip(rank)
+        .step_by(world_size)
+        .flat_map(|batch| batch * batch_size..((batch + 1) * batch_size).min(len))
+        .collect()
+}
+
+/// Every rank's [`ImageResult`]s on every rank, in dataset order: each rank fills its images'
+/// rows of a dense table of `len` rows and the tables are summed (adding zeros is exact, so
+/// each row arrives as its rank computed it). A collective.
+pub fn gather_images(
+    comm: &dyn Communicator,
+    mine: &[ImageResult],
+    len: usize,
+    num_classes: usize,
+) -> Vec<ImageResult> {
+    // Per row: present, label, predicted, loss, then the probabilities.
+    let width = 4 + num_classes;
+    let mut table = vec![0f64; len * width];
+    for image in mine {
+        let row = &mut table[image.index * width..(image.index + 1) * width];
+        row[..4].copy_from_slice(&[1.0, image.label as f64, image.predicted as f64, image.loss]);
+        row[4..].copy_from_slice(&image.probabilities);
+    }
+    comm.all_reduce_sum_f64(&mut table);
+    table
+        .chunks_exact(width)
+        .enumerate()
+        .filter(|(_, row)| row[0] == 1.0)
+        .map(|(index, row)| ImageResult {
+            index,
+            label: row[1] as usize,
+            predicted: row[2] as usize,
+            loss: row[3],
+            probabilities: row[4..].to_vec(),
+        })
+        .collect()
+}
+
+/// The report of `images` (in the order given, so that the loss is summed in that order).
+pub fn report_of(images: &[ImageResult], num_classes: usize) -> EvalReport {
+    let mut confusion = Confusion::new(num_classes);
+    for image in images {
+        confusion.add(&[image.label as i64], &[image.predicted as i64], image.loss);
+    }
+    confusion.report()
+}
+
+/// Evaluates `model` on this rank's part of `dataset` (see [`rank_part`]), the counts summed over ranks; with
 /// `kept`, also keeps each of this rank's images' probabilities there (softmax of the logits
 /// in f64), for the metrics of [`crate::metrics`]. A collective.
 pub fn evaluate(
@@ -125,7 +186,7 @@ pub fn evaluate(
 ) -> Result<EvalReport, EvalError> {
     let topology = comm.topology();
     let dir = dataset.root().to_path_buf();
-    let order: Vec<usize> = (topology.rank..dataset.len()).step_by(topology.world_size).collect();
+    let order = rank_part(dataset.len(), options.batch_size, topology.rank, topology.world_size);
     let batches = EpochBatches::every_sample(order.len(), options.batch_size);
     let loader = Loader::new(dataset, order, transform, batches, options);
     let mut confusion = Confusion::new(model.num_classes);
@@ -154,11 +215,21 @@ pub fn evaluate(
             let predictions: Vec<i64> = Vec::try_from(&predictions).map_err(read_back)?;
             confusion.add(&labels, &predictions, loss.to_kind(Kind::Double).double_value(&[]));
             if let Some(kept) = kept.as_deref_mut() {
-                let probabilities =
-                    logits.to_kind(Kind::Double).softmax(-1, Kind::Double).to_device(tch::Device::Cpu);
-                let rows: Vec<Vec<f64>> = Vec::try_from(&probabilities).map_err(read_back)?;
-                for ((&index, &label), probabilities) in batch.indices.iter().zip(&labels).zip(rows) {
-                    kept.push(ImageResult { index, label: label as usize, probabilities });
+                let logits = logits.to_kind(Kind::Double).to_device(tch::Device::Cpu);
+                let rows: Vec<Vec<f64>> =
+                    Vec::try_from(&logits.softmax(-1, Kind::Double)).map_err(read_back)?;
+                let losses =
+                    logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::None, -100, 0.0);
+                let losses: Vec<f64> = Vec::try_from(&losses).map_err(read_back)?;
+                let per_image = batch.indices.iter().zip(&labels).zip(&predictions).zip(losses).zip(rows);
+                for ((((&index, &label), &predicted), loss), probabilities) in per_image {
+                    kept.push(ImageResult {
+                        index,
+                        label: label as usize,
+                        predicted: predicted as usize,
+                        loss,
+                        probabilities,
+                    });
                 }
             }
         }
@@ -212,15 +283,18 @@ pub struct CheckpointEvaluation {
 }
 
 /// `rtrain eval`: the checkpoint at `path` evaluated on `split` of the data root `root` (a
-/// class-per-folder tree or a shard set), in one process on the CPU.
+/// class-per-folder tree or a shard set), data-parallel over the job's ranks (on the device
+/// training would choose). Every rank returns every image's result, in dataset order, and the
+/// report made from them, the same at any world size. A collective.
 pub fn evaluate_checkpoint(
     config: &Config,
+    comm: &dyn Communicator,
     path: &Path,
     root: &Path,
     split: &str,
 ) -> Result<CheckpointEvaluation, EvalError> {
-    let plan = RunPlan::for_inference(config);
-    let (model, meta) = checkpoint::load_model(path)?;
+    let plan = RunPlan::for_prediction(config, comm.topology())?;
+    let (model, meta) = checkpoint::load_model_on(path, plan.compute.device)?;
     meta.warn_if_size_differs(path, config.data.image_size);
     plan.compute.prepare_model(&model)?;
     let dataset = crate::data::open_split(root, split)?;
@@ -231,23 +305,48 @@ pub fn evaluate_checkpoint(
             expected: meta.classes,
         });
     }
-    let mut images = Vec::with_capacity(dataset.len());
-    let report = evaluate(
+    let seen = format!("{} images", dataset.len());
+    let everyone = cluster::gather_strings(comm, &seen);
+    if let Some(rank) = everyone.iter().position(|other| *other != everyone[0]) {
+        return Err(EvalError::RanksDiffer {
+            dir: dataset.root().to_path_buf(),
+            rank,
+            theirs: everyone[rank].clone(),
+            root: everyone[0].clone(),
+        });
+    }
+    let mut mine = Vec::new();
+    evaluate(
         &model,
         dataset.clone(),
         plan.eval_transform(),
         plan.eval_loader(),
         &plan.compute,
-        cluster::single().as_ref(),
-        Some(&mut images),
+        comm,
+        Some(&mut mine),
     )?;
-    images.sort_by_key(|image| image.index);
+    let topology = comm.topology();
+    if topology.world_size > 1 {
+        tracing::info!("rank {} evaluated {} of {} images", topology.rank, mine.len(), dataset.len());
+    }
+    let images = gather_images(comm, &mine, dataset.len(), meta.classes.len());
+    let report = report_of(&images, meta.classes.len());
     Ok(CheckpointEvaluation { report, classes: meta.classes, dataset, images })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranks_get_whole_batches_in_turn() {
+        // 10 samples in batches of 3: [0,1,2] [3,4,5] [6,7,8] [9].
+        assert_eq!(rank_part(10, 3, 0, 1), (0..10).collect::<Vec<_>>());
+        assert_eq!(rank_part(10, 3, 0, 2), vec![0, 1, 2, 6, 7, 8]);
+        assert_eq!(rank_part(10, 3, 1, 2), vec![3, 4, 5, 9]);
+        assert_eq!(rank_part(10, 3, 2, 3), vec![6, 7, 8]);
+        assert!(rank_part(2, 3, 1, 2).is_empty());
+    }
 
     #[test]
     fn confusion_counts_and_rates() {

@@ -186,3 +186,31 @@ pub fn wait_within(
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// The metadata of a checkpoint of a fresh `arch` model with `classes` and an MLP head of
+/// `head_hidden`, taken after `global_step` steps, for tests that save one themselves.
+pub fn checkpoint_meta(
+    arch: rtrain::model::Arch,
+    classes: Vec<String>,
+    head_hidden: &[usize],
+    global_step: u64,
+    image_size: u32,
+) -> rtrain::run_dir::checkpoint::CheckpointMeta {
+    rtrain::run_dir::checkpoint::CheckpointMeta {
+        arch,
+        num_classes: classes.len(),
+        classes,
+        head_hidden: head_hidden.to_vec(),
+        epoch: 1,
+        step_in_epoch: 0,
+        global_step,
+        seed: 0,
+        image_size: Some(image_size),
+        config_hash: String::new(),
+        val_top1: None,
+        best_val_top1: None,
+        epoch_totals: rtrain::run_dir::checkpoint::EpochTotals::default(),
+        plateau: None,
+        rtrain_version: "test".into(),
+    }
+}
