@@ -104,9 +104,7 @@ pub fn compute(predictions: &Predictions) -> Metrics {
         .collect();
     let aucs: Vec<f64> = per_class.iter().filter_map(|m| m.roc_auc).collect();
     let (ece, reliability) = calibration(predictions);
-    let errors: Vec<usize> =
-        (0..n).map(|i| predicted[i].abs_diff(predictions.labels[i])).filter(|&d| d > 0).collect();
-    let far_errors = errors.iter().filter(|&&d| d > 1).count() as f64;
+    let ordinal = from_confusion(&confusion);
     Metrics {
         images: n as u64,
         top1,
@@ -117,13 +115,57 @@ pub fn compute(predictions: &Predictions) -> Metrics {
         log_loss: log_loss(predictions),
         cohen_kappa: kappa(&confusion, |_, _| 1.0),
         quadratic_kappa,
-        mean_rank_error: errors.iter().sum::<usize>() as f64 / n as f64,
-        far_error_share: if errors.is_empty() { 0.0 } else { far_errors / errors.len() as f64 },
+        mean_rank_error: ordinal.mean_rank_error,
+        far_error_share: ordinal.far_error_share,
         ece,
         reliability,
         macro_roc_auc: (!aucs.is_empty()).then(|| aucs.iter().sum::<f64>() / aucs.len() as f64),
         per_class,
         confusion,
+    }
+}
+
+/// The metrics that follow from a confusion matrix alone, cheap enough for every epoch's
+/// validation (`metrics.jsonl`, `summary.json`). A kappa is None where it is undefined (every
+/// image in one class, or every prediction).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct ConfusionMetrics {
+    pub macro_f1: f64,
+    pub balanced_accuracy: f64,
+    pub cohen_kappa: Option<f64>,
+    pub quadratic_kappa: Option<f64>,
+    /// Mean absolute difference between true and predicted class rank, over every image.
+    pub mean_rank_error: f64,
+    /// Of the wrong predictions, the share more than one class away (0 with no errors).
+    pub far_error_share: f64,
+}
+
+/// [`ConfusionMetrics`] of `confusion[true][predicted]`; all 0 (kappas None) for no images.
+pub fn from_confusion(confusion: &[Vec<u64>]) -> ConfusionMetrics {
+    let n: u64 = confusion.iter().flatten().sum();
+    if n == 0 {
+        return ConfusionMetrics::default();
+    }
+    let rates = class_rates(confusion);
+    let [_, macro_f1, balanced_accuracy, quadratic_kappa] = headline(confusion, &rates);
+    let (mut rank_error, mut errors, mut far) = (0u64, 0u64, 0u64);
+    for (i, row) in confusion.iter().enumerate() {
+        for (j, &count) in row.iter().enumerate() {
+            let distance = i.abs_diff(j) as u64;
+            rank_error += distance * count;
+            errors += u64::from(distance > 0) * count;
+            far += u64::from(distance > 1) * count;
+        }
+    }
+    let defined = |kappa: f64| kappa.is_finite().then_some(kappa);
+    ConfusionMetrics {
+        macro_f1,
+        balanced_accuracy,
+        cohen_kappa: defined(kappa(confusion, |_, _| 1.0)),
+        quadratic_kappa: defined(quadratic_kappa),
+        mean_rank_error: rank_error as f64 / n as f64,
+        far_error_share: if errors == 0 { 0.0 } else { far as f64 / errors as f64 },
     }
 }
 

@@ -37,9 +37,32 @@ fn damage_like(n: usize, seed: u64) -> (Vec<usize>, Vec<Vec<f64>>) {
 /// scikit-learn's and SciPy's answers (tests/reference/metrics_reference.py) for these
 /// predictions, passed as JSON (f64 printed to round-trip exactly).
 fn reference(dir: &std::path::Path, labels: &[usize], probabilities: &[Vec<f64>], classes: usize) -> Value {
+    reference_of(
+        dir,
+        serde_json::json!({ "labels": labels, "probabilities": probabilities, "num_classes": classes }),
+    )
+}
+
+/// [`reference`] for the images a confusion matrix counts (each predicted with probability
+/// 1), without the bootstrap.
+fn reference_of_confusion(dir: &std::path::Path, confusion: &[Vec<u64>]) -> Value {
+    let (mut labels, mut probabilities) = (Vec::new(), Vec::new());
+    for (label, row) in confusion.iter().enumerate() {
+        for (predicted, &count) in row.iter().enumerate() {
+            let mut one_hot = vec![0.0; row.len()];
+            one_hot[predicted] = 1.0;
+            labels.extend(std::iter::repeat_n(label, count as usize));
+            probabilities.extend(std::iter::repeat_n(one_hot, count as usize));
+        }
+    }
+    let given = serde_json::json!({
+        "labels": labels, "probabilities": probabilities, "num_classes": confusion.len(), "bootstrap": false
+    });
+    reference_of(dir, given)
+}
+
+fn reference_of(dir: &std::path::Path, given: Value) -> Value {
     let input = dir.join("predictions.json");
-    let given =
-        serde_json::json!({ "labels": labels, "probabilities": probabilities, "num_classes": classes });
     std::fs::write(&input, given.to_string()).unwrap();
     let output = std::process::Command::new(common::python())
         .arg(common::repo().join("tests/reference/metrics_reference.py"))
@@ -123,6 +146,24 @@ fn eval_writes_per_image_results_whose_metrics_scikit_learn_confirms() {
         .output()
         .unwrap();
     assert!(trained.status.success(), "{}", String::from_utf8_lossy(&trained.stderr));
+    // Every epoch record and the summary carry the metrics that follow from the confusion
+    // matrix: scikit-learn's on the images it counts.
+    let log = std::fs::read_to_string(dir.path().join("run/metrics.jsonl")).unwrap();
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("run/summary.json")).unwrap()).unwrap();
+    let epochs: Vec<Value> = log
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .filter(|r| r["val"].is_object())
+        .collect();
+    assert_eq!(epochs.len(), 2, "{log}");
+    for (what, val) in [("last epoch", &epochs[1]["val"]), ("best model", &summary["best_eval"])] {
+        let confusion: Vec<Vec<u64>> = serde_json::from_value(val["confusion"].clone()).unwrap();
+        let reference = reference_of_confusion(dir.path(), &confusion);
+        for key in ["macro_f1", "balanced_accuracy", "cohen_kappa", "quadratic_kappa", "mean_rank_error"] {
+            close(val[key].as_f64().unwrap_or(f64::NAN), &reference[key], &format!("{what}: {key}"));
+        }
+    }
     let eval = |out: &str, source: &[&str]| {
         let output = common::rtrain(dir.path())
             .args(["eval", "--checkpoint", "run/model.safetensors", "--out", out, "--bootstrap", "200"])

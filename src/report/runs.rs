@@ -148,6 +148,10 @@ struct EpochRow<'a> {
     train_accuracy: f64,
     val_loss: f64,
     val_top1: f64,
+    val_macro_f1: f64,
+    val_balanced_accuracy: f64,
+    val_quadratic_kappa: Option<f64>,
+    val_mean_rank_error: f64,
     train_images_per_second: f64,
     seconds: f64,
     lr: f64,
@@ -176,6 +180,10 @@ fn epochs_csv(runs: &[RunData]) -> Result<Vec<u8>, csv::Error> {
             train_accuracy: e.train_accuracy,
             val_loss: e.val.loss,
             val_top1: e.val.top1,
+            val_macro_f1: e.val.ordinal.macro_f1,
+            val_balanced_accuracy: e.val.ordinal.balanced_accuracy,
+            val_quadratic_kappa: e.val.ordinal.quadratic_kappa,
+            val_mean_rank_error: e.val.ordinal.mean_rank_error,
             train_images_per_second: e.train_images_per_second,
             seconds: e.seconds,
             lr: e.lr,
@@ -254,17 +262,23 @@ fn markdown(runs: &[RunData]) -> String {
                 run.dir.display()
             );
         }
-        md.push_str("| epoch | train loss | train acc | val loss | val top-1 | img/s | s |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+        md.push_str(
+            "| epoch | train loss | train acc | val loss | val top-1 | val macro-F1 | val bal. acc | val QWK | img/s | s |\n\
+             |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
         for e in &run.epochs {
-            let (val_loss, val_top1) = (e.val.loss, e.val.top1);
+            let (val, ordinal) = (&e.val, &e.val.ordinal);
+            let qwk = ordinal.quadratic_kappa.map_or("-".to_string(), |k| format!("{k:.4}"));
             let _ = writeln!(
                 md,
-                "| {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.1} | {:.1} |",
+                "| {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.4} | {:.4} | {qwk} | {:.1} | {:.1} |",
                 e.epoch + 1,
                 e.train_loss,
                 e.train_accuracy,
-                val_loss,
-                val_top1,
+                val.loss,
+                val.top1,
+                ordinal.macro_f1,
+                ordinal.balanced_accuracy,
                 e.train_images_per_second,
                 e.seconds
             );
@@ -306,7 +320,10 @@ mod tests {
         // A comma in the name: the CSV quotes the field instead of splitting it.
         let run = dir.path().join("run,a");
         std::fs::create_dir_all(&run).unwrap();
-        let val = r#"{"samples":4,"loss":0.5,"top1":0.75,"per_class":[1.0,0.5],"confusion":[[2,0],[1,1]]}"#;
+        let val = concat!(
+            r#"{"samples":4,"loss":0.5,"top1":0.75,"per_class":[1.0,0.5],"confusion":[[2,0],[1,1]],"#,
+            r#""macro_f1":0.7,"balanced_accuracy":0.75,"quadratic_kappa":0.5,"mean_rank_error":0.25}"#
+        );
         std::fs::write(
             run.join("metrics.jsonl"),
             format!(
@@ -320,14 +337,18 @@ mod tests {
         let csv = String::from_utf8(epochs_csv(&[RunData::read(&run).unwrap()]).unwrap()).unwrap();
         assert_eq!(
             csv,
-            "run,epoch,global_step,train_loss,train_accuracy,val_loss,val_top1,train_images_per_second,seconds,lr\n\
-             \"run,a\",1,1,1.5,0.25,0.5,0.75,99.0,2.0,0.1\n"
+            "run,epoch,global_step,train_loss,train_accuracy,val_loss,val_top1,val_macro_f1,val_balanced_accuracy,\
+             val_quadratic_kappa,val_mean_rank_error,train_images_per_second,seconds,lr\n\
+             \"run,a\",1,1,1.5,0.25,0.5,0.75,0.7,0.75,0.5,0.25,99.0,2.0,0.1\n"
         );
         let mut reader = csv::Reader::from_reader(csv.as_bytes());
         let row = reader.records().next().unwrap().unwrap();
-        assert_eq!((&row[0], &row[1], &row[9]), ("run,a", "1", "0.1"));
+        assert_eq!((&row[0], &row[1], &row[13]), ("run,a", "1", "0.1"));
         let md = markdown(&[data]);
-        assert!(md.contains("| 1 | 1.5000 | 0.2500 | 0.5000 | 0.7500 | 99.0 | 2.0 |"), "{md}");
+        assert!(
+            md.contains("| 1 | 1.5000 | 0.2500 | 0.5000 | 0.7500 | 0.7000 | 0.7500 | 0.5000 | 99.0 | 2.0 |"),
+            "{md}"
+        );
         assert!(md.contains("| 1 | 1 | 1 | 0.500 |"), "the confusion row of class 1: {md}");
         let err = RunData::read(dir.path()).err().unwrap().to_string();
         assert!(err.contains("metrics.jsonl"), "{err}");

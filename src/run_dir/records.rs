@@ -86,6 +86,10 @@ pub struct EvalReport {
     pub per_class: Vec<f64>,
     /// `confusion[true][predicted]` counts.
     pub confusion: Vec<Vec<u64>>,
+    /// Macro-F1, balanced accuracy, the kappas and the ordinal errors, from `confusion`
+    /// (absent from records written before they were added).
+    #[serde(flatten, default)]
+    pub ordinal: crate::metrics::ConfusionMetrics,
 }
 
 /// What `summary.json` records about a finished run.
@@ -206,6 +210,27 @@ fn records_up_to(path: &Path, global_step: u64, epoch: u32) -> std::io::Result<S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Records written before the ordinal metrics were added still read, with them zero; new
+    /// records carry them beside the counts, an undefined kappa as null.
+    #[test]
+    fn evaluation_records_with_and_without_the_confusion_metrics_read() {
+        let old = r#"{"samples":4,"loss":0.5,"top1":0.5,"per_class":[1.0,0.0],"confusion":[[2,0],[2,0]]}"#;
+        let report: EvalReport = serde_json::from_str(old).unwrap();
+        assert_eq!(report.ordinal, crate::metrics::ConfusionMetrics::default());
+        let new = EvalReport { ordinal: crate::metrics::from_confusion(&report.confusion), ..report };
+        let json = serde_json::to_value(&new).unwrap();
+        // Every prediction is class 0: no better than chance; recall is 1 and 0, F1 2/3 and 0.
+        assert_eq!(json["quadratic_kappa"], 0.0);
+        assert!((json["macro_f1"].as_f64().unwrap() - 1.0 / 3.0).abs() < 1e-12);
+        assert_eq!(json["balanced_accuracy"], 0.5);
+        assert_eq!(json["mean_rank_error"], 0.5);
+        assert_eq!(serde_json::from_value::<EvalReport>(json).unwrap(), new);
+        // Every image and every prediction in one class: chance agreement is total, kappa
+        // undefined, written as null.
+        let one_class = crate::metrics::from_confusion(&[vec![4, 0], vec![0, 0]]);
+        assert_eq!(serde_json::to_value(&one_class).unwrap()["quadratic_kappa"], serde_json::Value::Null);
+    }
 
     #[test]
     fn resume_drops_records_after_the_checkpoint() {

@@ -105,6 +105,7 @@ impl Confusion {
             top1: correct as f64 / denominator,
             per_class,
             confusion: self.counts.clone(),
+            ordinal: crate::metrics::from_confusion(&self.counts),
         }
     }
 }

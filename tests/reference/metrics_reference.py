@@ -5,7 +5,7 @@ scikit-learn's metrics on the same predictions (with labels=range(C), so that ev
 counts), the expected calibration error by a short NumPy implementation of its standard
 definition (Guo et al. 2017: 15 equal-width bins of the top probability), and SciPy's
 percentile bootstrap intervals (95%, 1000 resamples) of top-1, macro-F1, balanced accuracy
-and quadratic kappa.
+and quadratic kappa (unless the input says "bootstrap": false).
 
     python metrics_reference.py PREDICTIONS.json
 """
@@ -59,7 +59,8 @@ def main(path):
         return headline(indices.astype(int))[which]
 
     intervals = {}
-    for which, name in enumerate(["top1", "macro_f1", "balanced_accuracy", "quadratic_kappa"]):
+    names = ["top1", "macro_f1", "balanced_accuracy", "quadratic_kappa"] if given.get("bootstrap", True) else []
+    for which, name in enumerate(names):
         result = stats.bootstrap(
             (np.arange(len(y)),),
             lambda i, which=which: statistic(i, which),
