@@ -99,7 +99,7 @@ pub fn bench_loader(options: &LoaderBench) -> Result<LoaderBenchResult, BenchErr
     use crate::data::loader;
     // The loader's threads do the work; libtorch only allocates the batch tensors.
     tch::set_num_threads(1);
-    let data = crate::data::open_split(&options.root, &options.split)?;
+    let data = crate::data::open_split(&options.root, &options.split, &[])?;
     let source = if crate::data::shards::is_shard_dir(&options.root) { "shards" } else { "image tree" };
     let wanted = (options.batches + 1) * options.batch_size;
     let permutation = crate::data::sampler::epoch_permutation(data.len(), 0, 0);

@@ -159,6 +159,10 @@ pub struct DataConfig {
     pub on_bad_sample: BadSample,
     pub train_split: String,
     pub val_split: String,
+    /// The classes' order, lowest first (e.g. ["C0", "C2", "C4"] for damage levels): the
+    /// label index and the rank the ordinal metrics (quadratic kappa, rank error) count.
+    /// Empty: the sorted class names, as torchvision's ImageFolder orders them.
+    pub class_order: Vec<String>,
     /// Side of the square image the network sees.
     pub image_size: u32,
     /// torchvision's automatic augmentation on each decoded training image, before the
@@ -443,6 +447,7 @@ impl Default for DataConfig {
             on_bad_sample: BadSample::Fail,
             train_split: "train".into(),
             val_split: "val".into(),
+            class_order: Vec::new(),
             image_size: 64,
             augment_policy: AugmentPolicy::None,
             train_transform: TrainGeometry::RandomResizedCrop,
@@ -762,6 +767,14 @@ impl Config {
         check(d.ratio[0] > 0.0 && d.ratio[0] <= d.ratio[1], "data.ratio", "must satisfy 0 < min <= max")?;
         check(!d.train_split.is_empty(), "data.train_split", "must not be empty")?;
         check(!d.val_split.is_empty(), "data.val_split", "must not be empty")?;
+        let mut order = d.class_order.clone();
+        order.sort();
+        order.dedup();
+        check(
+            order.len() == d.class_order.len() && order.iter().all(|c| !c.is_empty()),
+            "data.class_order",
+            "must name each class once, none empty",
+        )?;
         check(
             self.dist.bucket_mb > 0.0 && self.dist.bucket_mb.is_finite(),
             "dist.bucket_mb",

@@ -8,7 +8,7 @@
 //! the class set fixed to the model's classes (sklearn's `labels=range(C)`), so that a class
 //! nobody predicted still counts: precision, recall or F1 whose denominator is 0 is 0
 //! (sklearn's `zero_division=0`), balanced accuracy averages the recall of the classes that
-//! occur, and the class rank is the class index (the sorted class names).
+//! occur, and the class rank is the class index (the sorted class names, or `data.class_order`).
 
 use rand::{Rng, SeedableRng};
 use serde::Serialize;

@@ -236,3 +236,63 @@ fn eval_writes_per_image_results_whose_metrics_scikit_learn_confirms() {
         close(qwk, &reference["quadratic_kappa"], "quadratic kappa");
     }
 }
+
+/// `data.class_order` sets the label index, and so the checkpoint's class list and the rank the
+/// ordinal metrics count: each image keeps its own folder's class, the quadratic kappa and rank
+/// error are scikit-learn's over labels in that order, a checkpoint trained in one order is
+/// not evaluated in another, and an order that is not one of the classes is refused naming
+/// the key.
+#[test]
+fn a_class_order_sets_labels_ranks_and_the_checkpoints_classes() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 5, 32);
+    let data_arg = format!("data.root={:?}", data.display().to_string());
+    let order = ["1-minor", "0-none", "3-severe", "2-moderate"];
+    let order_arg = format!("data.class_order={order:?}");
+    let settings = ["--set", &data_arg, "--set", "data.image_size=32", "--set", "data.batch_size=4"];
+    let trained = common::rtrain(dir.path())
+        .args(["train", "--run-dir", "run", "--set", "train.epochs=1", "--set", "train.threads=1"])
+        .args(["--set", &order_arg])
+        .args(settings)
+        .output()
+        .unwrap();
+    assert!(trained.status.success(), "{}", String::from_utf8_lossy(&trained.stderr));
+    let eval = |extra: &[&str]| {
+        common::rtrain(dir.path())
+            .args(["eval", "--checkpoint", "run/model.safetensors", "--out", "out", "--bootstrap", "0"])
+            .args(settings)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let output = eval(&["--set", &order_arg]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let metrics: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("out/metrics.json")).unwrap()).unwrap();
+    assert_eq!(metrics["classes"], serde_json::json!(order));
+    let mut reader = csv::Reader::from_path(dir.path().join("out/predictions.csv")).unwrap();
+    let (mut labels, mut probabilities) = (Vec::new(), Vec::<Vec<f64>>::new());
+    for record in reader.records() {
+        let record = record.unwrap();
+        let folder =
+            std::path::Path::new(&record[0]).parent().unwrap().file_name().unwrap().to_str().unwrap();
+        assert_eq!(&record[1], folder, "an image's true class is its folder's");
+        labels.push(order.iter().position(|c| *c == &record[1]).unwrap());
+        probabilities.push((5..9).map(|i| record[i].parse().unwrap()).collect());
+    }
+    let reference = reference(dir.path(), &labels, &probabilities, 4);
+    let m = &metrics["metrics"];
+    for key in ["mean_rank_error", "macro_f1", "balanced_accuracy"] {
+        close(m[key].as_f64().unwrap(), &reference[key], key);
+    }
+    if let Some(qwk) = m["quadratic_kappa"].as_f64() {
+        close(qwk, &reference["quadratic_kappa"], "quadratic kappa");
+    }
+
+    let sorted = eval(&[]);
+    let stderr = String::from_utf8_lossy(&sorted.stderr);
+    assert!(!sorted.status.success() && stderr.contains("differ from the checkpoint's"), "{stderr}");
+    let missing = eval(&["--set", r#"data.class_order=["0-none", "1-minor", "2-moderate", "4-collapse"]"#]);
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success() && stderr.contains("data.class_order"), "{stderr}");
+}

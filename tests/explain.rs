@@ -18,6 +18,11 @@ const CLASSES: [&str; 3] = ["C0", "C2", "C4"];
 /// A checkpoint of a fresh `arch` with an MLP head of `head_hidden`, its BatchNorm statistics
 /// moved away from 0/1 so that evaluation mode differs from training mode.
 fn checkpoint_of(dir: &Path, arch: Arch, head_hidden: &[usize]) -> PathBuf {
+    // libtorch's generator is one per process and the tests run on parallel threads: without
+    // the lock another test's draws interleave and the weights (and how far the map's range
+    // stands above fp32 rounding) change from run to run.
+    static SEEDED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _seeded = SEEDED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     tch::manual_seed(5);
     let model = Model::with_head(arch, CLASSES.len(), head_hidden, Device::Cpu).unwrap();
     tch::no_grad(|| {

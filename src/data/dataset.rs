@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use image::RgbImage;
 
@@ -92,6 +93,11 @@ pub enum DataError {
         source: tch::TchError,
     },
     /// A loader worker thread died (panicked) without reporting an error.
+    #[error(
+        "{}: data.class_order {order:?} is not an order of the classes found there, {found:?}",
+        root.display()
+    )]
+    ClassOrder { root: PathBuf, order: Vec<String>, found: Vec<String> },
     #[error("loader worker {worker} for image folder {} stopped unexpectedly", root.display())]
     WorkerLost {
         /// The worker's number.
@@ -130,5 +136,63 @@ pub trait Dataset: Send + Sync {
     fn recorded_sha256(&self, file: &Path) -> Option<&str> {
         let _ = file;
         None
+    }
+}
+
+/// A dataset with its classes in another order (`data.class_order`): the same samples, each
+/// label mapped to its class's place in the order.
+pub struct Reordered {
+    inner: Arc<dyn Dataset>,
+    classes: Vec<String>,
+    /// `new_label[inner label]`.
+    new_label: Vec<usize>,
+}
+
+impl Reordered {
+    /// `inner` with its classes in `order`, which must name each of them exactly once.
+    pub fn new(inner: Arc<dyn Dataset>, order: &[String]) -> Result<Reordered, DataError> {
+        let found = inner.classes();
+        let new_label: Option<Vec<usize>> =
+            found.iter().map(|class| order.iter().position(|o| o == class)).collect();
+        match new_label {
+            Some(new_label) if order.len() == found.len() => {
+                Ok(Reordered { classes: order.to_vec(), new_label, inner })
+            }
+            _ => Err(DataError::ClassOrder {
+                root: inner.root().to_path_buf(),
+                order: order.to_vec(),
+                found: found.to_vec(),
+            }),
+        }
+    }
+}
+
+impl Dataset for Reordered {
+    fn root(&self) -> &Path {
+        self.inner.root()
+    }
+    fn classes(&self) -> &[String] {
+        &self.classes
+    }
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn label(&self, index: usize) -> Option<usize> {
+        self.inner.label(index).map(|label| self.new_label[label])
+    }
+    fn encoded(&self, index: usize) -> Result<Cow<'_, [u8]>, DataError> {
+        self.inner.encoded(index)
+    }
+    fn load(&self, index: usize) -> Result<RgbImage, DataError> {
+        self.inner.load(index)
+    }
+    fn describe(&self, index: usize) -> String {
+        self.inner.describe(index)
+    }
+    fn files(&self) -> Vec<PathBuf> {
+        self.inner.files()
+    }
+    fn recorded_sha256(&self, file: &Path) -> Option<&str> {
+        self.inner.recorded_sha256(file)
     }
 }

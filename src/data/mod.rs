@@ -19,16 +19,21 @@ pub mod transforms;
 use std::path::Path;
 use std::sync::Arc;
 
-use dataset::Dataset;
+use dataset::{Dataset, Reordered};
 use folder::ImageFolder;
 use shards::{ShardError, ShardSet};
 
 /// Opens `split` of the dataset at `root`: WebDataset shards when `root` holds rtrain's
-/// shard manifest, else the image tree `root/<split>/<class>/...`.
-pub fn open_split(root: &Path, split: &str) -> Result<Arc<dyn Dataset>, ShardError> {
-    if shards::is_shard_dir(root) {
-        Ok(Arc::new(ShardSet::open(root, split)?))
+/// shard manifest, else the image tree `root/<split>/<class>/...`; its classes in
+/// `class_order` when that is given (`data.class_order`), else as the dataset sorts them.
+pub fn open_split(root: &Path, split: &str, class_order: &[String]) -> Result<Arc<dyn Dataset>, ShardError> {
+    let dataset: Arc<dyn Dataset> = if shards::is_shard_dir(root) {
+        Arc::new(ShardSet::open(root, split)?)
     } else {
-        Ok(Arc::new(ImageFolder::open(&root.join(split))?))
+        Arc::new(ImageFolder::open(&root.join(split))?)
+    };
+    if class_order.is_empty() || class_order == dataset.classes() {
+        return Ok(dataset);
     }
+    Ok(Arc::new(Reordered::new(dataset, class_order)?))
 }

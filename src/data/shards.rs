@@ -826,7 +826,7 @@ mod tests {
         fs::rename(out.join("shards.json"), out.join("manifest.json")).unwrap();
         assert!(is_shard_dir(&out));
         assert_eq!(ShardManifest::read(&out).unwrap(), manifest);
-        let samples = crate::data::open_split(&out, "train").unwrap().len();
+        let samples = crate::data::open_split(&out, "train", &[]).unwrap().len();
         assert_eq!(samples, manifest.splits["train"].samples);
         // Staging it writes the current name and withdraws the old one.
         let local = dir.path().join("local");

@@ -101,7 +101,7 @@ pub fn explain(config: &Config, request: &Request) -> Result<Vec<Explained>, Exp
             (Arc::new(inputs), all)
         }
         Images::Sample { root, split, count, seed } => {
-            let dataset = crate::data::open_split(root, split)?;
+            let dataset = crate::data::open_split(root, split, &config.data.class_order)?;
             let indices = sample(dataset.len(), *count, *seed);
             (dataset, indices)
         }

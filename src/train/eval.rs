@@ -298,7 +298,7 @@ pub fn evaluate_checkpoint(
     let (model, meta) = checkpoint::load_model_on(path, plan.compute.device)?;
     meta.warn_if_size_differs(path, config.data.image_size);
     plan.compute.prepare_model(&model)?;
-    let dataset = crate::data::open_split(root, split)?;
+    let dataset = crate::data::open_split(root, split, &config.data.class_order)?;
     if dataset.classes() != meta.classes {
         return Err(EvalError::Classes {
             dir: dataset.root().to_path_buf(),

@@ -201,8 +201,8 @@ impl Splits {
     /// configured class count and the batch size.
     pub fn open(plan: &RunPlan) -> Result<Splits, TrainError> {
         let d = &plan.config.data;
-        let train = crate::data::open_split(plan.data_root(), &d.train_split)?;
-        let val = crate::data::open_split(plan.data_root(), &d.val_split)?;
+        let train = crate::data::open_split(plan.data_root(), &d.train_split, &d.class_order)?;
+        let val = crate::data::open_split(plan.data_root(), &d.val_split, &d.class_order)?;
         if train.classes() != val.classes() {
             return Err(TrainError::ClassMismatch {
                 train: train.root().to_path_buf(),
