@@ -89,9 +89,8 @@ pub fn compute(predictions: &Predictions) -> Metrics {
     assert!(n > 0, "metrics of no images");
     let predicted: Vec<usize> = (0..n).map(|i| predictions.predicted(i)).collect();
     let confusion = confusion_of(predictions.labels, &predicted, 0..n, c);
-    let rates = class_rates(&confusion);
-    let [top1, macro_f1, balanced_accuracy, quadratic_kappa] = headline(&confusion, &rates);
-    let per_class: Vec<ClassMetrics> = rates
+    let ordinal = from_confusion(&confusion);
+    let per_class: Vec<ClassMetrics> = class_rates(&confusion)
         .iter()
         .enumerate()
         .map(|(k, rates)| ClassMetrics {
@@ -104,17 +103,18 @@ pub fn compute(predictions: &Predictions) -> Metrics {
         .collect();
     let aucs: Vec<f64> = per_class.iter().filter_map(|m| m.roc_auc).collect();
     let (ece, reliability) = calibration(predictions);
-    let ordinal = from_confusion(&confusion);
+    let correct: u64 = (0..c).map(|k| confusion[k][k]).sum();
     Metrics {
         images: n as u64,
-        top1,
+        top1: correct as f64 / n as f64,
         top_k: (2..=c.min(5)).map(|k| (k, top_k(predictions, k))).collect(),
-        macro_f1,
+        macro_f1: ordinal.macro_f1,
         weighted_f1: per_class.iter().map(|m| m.f1 * m.support as f64).sum::<f64>() / n as f64,
-        balanced_accuracy,
+        balanced_accuracy: ordinal.balanced_accuracy,
         log_loss: log_loss(predictions),
-        cohen_kappa: kappa(&confusion, |_, _| 1.0),
-        quadratic_kappa,
+        // Undefined kappas stay NaN here (JSON null, as the Option gives).
+        cohen_kappa: ordinal.cohen_kappa.unwrap_or(f64::NAN),
+        quadratic_kappa: ordinal.quadratic_kappa.unwrap_or(f64::NAN),
         mean_rank_error: ordinal.mean_rank_error,
         far_error_share: ordinal.far_error_share,
         ece,

@@ -47,8 +47,6 @@ pub enum ExplainError {
     #[error(transparent)]
     Write(#[from] FileError),
     #[error("{}: {source}", path.display())]
-    Encode { path: PathBuf, source: image::ImageError },
-    #[error("{}: {source}", path.display())]
     Csv { path: PathBuf, source: csv::Error },
 }
 
@@ -126,13 +124,12 @@ pub fn explain(config: &Config, request: &Request) -> Result<Vec<Explained>, Exp
 
         let stem = output_stem(position, &image);
         let (overlay_name, map_name) = (format!("{stem}.png"), format!("{stem}.safetensors"));
-        write_png(&request.out.join(&overlay_name), &overlay)?;
+        files::write_png(&request.out.join(&overlay_name), &overlay)?;
         let predicted = crate::metrics::argmax(&cam.probabilities);
         let row = Explained {
             image,
-            true_class: (!dataset.classes().is_empty())
-                .then(|| dataset.label(index).and_then(|l| dataset.classes().get(l).cloned()))
-                .flatten(),
+            // Inputs have no classes of their own, so this is None for them.
+            true_class: dataset.label(index).and_then(|label| dataset.classes().get(label).cloned()),
             predicted: meta.classes[predicted].clone(),
             predicted_probability: cam.probabilities[predicted],
             explained: meta.classes[cam.class].clone(),
@@ -154,7 +151,10 @@ pub fn explain(config: &Config, request: &Request) -> Result<Vec<Explained>, Exp
         )?;
         explained.push(row);
     }
-    write_index(&request.out.join("index.csv"), &explained)?;
+    let index = request.out.join("index.csv");
+    let csv =
+        files::csv_of(&explained).map_err(|source| ExplainError::Csv { path: index.clone(), source })?;
+    files::write_atomic(&index, &csv)?;
     Ok(explained)
 }
 
@@ -197,26 +197,6 @@ fn output_stem(position: usize, image: &str) -> String {
         .take(64)
         .collect();
     format!("{position:04}-{safe}")
-}
-
-fn write_png(path: &Path, picture: &image::RgbImage) -> Result<(), ExplainError> {
-    let mut encoded = std::io::Cursor::new(Vec::new());
-    picture
-        .write_to(&mut encoded, image::ImageFormat::Png)
-        .map_err(|source| ExplainError::Encode { path: path.to_path_buf(), source })?;
-    files::write_atomic(path, encoded.get_ref())?;
-    Ok(())
-}
-
-fn write_index(path: &Path, rows: &[Explained]) -> Result<(), ExplainError> {
-    let csv_err = |source| ExplainError::Csv { path: path.to_path_buf(), source };
-    let mut writer = csv::Writer::from_writer(Vec::new());
-    for row in rows {
-        writer.serialize(row).map_err(csv_err)?;
-    }
-    let bytes = writer.into_inner().map_err(|error| csv_err(csv::Error::from(error.into_error())))?;
-    files::write_atomic(path, &bytes)?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -131,9 +131,7 @@ pub fn draw(
             image::imageops::overlay(&mut picture, &thumbnail, i64::from(left), i64::from(top));
         }
     }
-    let mut encoded = std::io::Cursor::new(Vec::new());
-    picture.write_to(&mut encoded, image::ImageFormat::Png).map_err(|e| failed(e.to_string()))?;
-    crate::util::files::write_atomic(path, encoded.get_ref())?;
+    crate::util::files::write_png(path, &picture)?;
     Ok(())
 }
 

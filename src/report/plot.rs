@@ -78,9 +78,7 @@ pub struct Labels<'a> {
 fn write_chart(svg: &Path, svg_text: &str, png: &Path, pixels: Vec<u8>) -> Result<(), PlotError> {
     crate::util::files::write_atomic(svg, svg_text.as_bytes())?;
     let image = image::RgbImage::from_raw(SIZE.0, SIZE.1, pixels).expect("a buffer of SIZE pixels");
-    let mut encoded = std::io::Cursor::new(Vec::new());
-    image.write_to(&mut encoded, image::ImageFormat::Png).map_err(|e| failed(png)(e.to_string()))?;
-    crate::util::files::write_atomic(png, encoded.get_ref())?;
+    crate::util::files::write_png(png, &image)?;
     Ok(())
 }
 

@@ -189,7 +189,7 @@ fn epochs_csv(runs: &[RunData]) -> Result<Vec<u8>, csv::Error> {
             lr: e.lr,
         })
     });
-    write_csv(rows)
+    files::csv_of(rows)
 }
 
 fn steps_csv(runs: &[RunData]) -> Result<Vec<u8>, csv::Error> {
@@ -205,16 +205,7 @@ fn steps_csv(runs: &[RunData]) -> Result<Vec<u8>, csv::Error> {
             images_per_second: s.images_per_second,
         })
     });
-    write_csv(rows)
-}
-
-/// RFC 4180 CSV with a header row (a run named `a,b` is quoted, not split).
-fn write_csv<T: Serialize>(rows: impl Iterator<Item = T>) -> Result<Vec<u8>, csv::Error> {
-    let mut writer = csv::Writer::from_writer(Vec::new());
-    for row in rows {
-        writer.serialize(row)?;
-    }
-    writer.into_inner().map_err(|error| csv::Error::from(error.into_error()))
+    files::csv_of(rows)
 }
 
 fn markdown(runs: &[RunData]) -> String {

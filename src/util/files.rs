@@ -77,6 +77,26 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<String, FileError> {
     write_atomic_parts(path, &[bytes])
 }
 
+/// Writes `picture` as PNG to `path` atomically (encoded in memory first); returns the
+/// file's sha256.
+pub fn write_png(path: &Path, picture: &image::RgbImage) -> Result<String, FileError> {
+    let mut encoded = std::io::Cursor::new(Vec::new());
+    picture
+        .write_to(&mut encoded, image::ImageFormat::Png)
+        .map_err(|e| FileError::Io { path: path.to_path_buf(), source: std::io::Error::other(e) })?;
+    write_atomic(path, encoded.get_ref())
+}
+
+/// `rows` as RFC 4180 CSV with a header row from their field names (a value holding a comma
+/// is quoted, not split), in memory, for [`write_atomic`].
+pub fn csv_of<T: serde::Serialize>(rows: impl IntoIterator<Item = T>) -> Result<Vec<u8>, csv::Error> {
+    let mut writer = csv::Writer::from_writer(Vec::new());
+    for row in rows {
+        writer.serialize(row)?;
+    }
+    writer.into_inner().map_err(|error| csv::Error::from(error.into_error()))
+}
+
 /// An atomic write's temporary file, beside its destination until the rename: `.tmp-` and
 /// six random letters or digits (tempfile's default length, fixed here because
 /// [`is_stale_temporary`] recognises the files by it).
