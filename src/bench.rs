@@ -27,7 +27,7 @@ use crate::cluster::grad_sync::{bucket_layout, GradSync, Reducer, SyncOptions, F
 use crate::cluster::wire::Wire;
 use crate::cluster::{self, Communicator};
 use crate::config::{DistConfig, OptimConfig, OptimKind};
-use crate::model::precision::Compute;
+use crate::model::precision::{self, Compute};
 use crate::model::{Arch, Model, ModelError};
 use crate::plan::{self, set_threads};
 use crate::train::optim::{OptimError, Optimizer};
@@ -247,6 +247,8 @@ pub struct AgreeResult {
     pub arch: String,
     pub reference: String,
     pub other: String,
+    /// Whether cuDNN's convolutions ran in TF32 on a GPU side (see [`precision::set_tf32`]).
+    pub tf32: bool,
     pub loss_reference: f64,
     pub loss_other: f64,
     /// |loss_other - loss_reference| / |loss_reference|.
@@ -262,14 +264,17 @@ type StepOutcome = (f64, Tensor, Vec<(String, Tensor)>);
 
 /// One training step (forward in train mode, cross-entropy, backward, SGD) computed as
 /// `reference` and as `other`, starting from the same weights and batch: the check that a GPU
-/// (or bf16, or channels-last) computes what the CPU does.
+/// (or bf16, or channels-last) computes what the CPU does. `tf32` sets cuDNN's TF32 for the
+/// process (matrix products stay fp32): off, a GPU's fp32 step is the CPU's within rounding.
 pub fn bench_agree(
     arch: Arch,
     image_size: i64,
     batch_size: i64,
     reference: Compute,
     other: Compute,
+    tf32: bool,
 ) -> Result<AgreeResult, BenchError> {
+    precision::set_tf32(tf32, false)?;
     let num_classes = 10;
     tch::manual_seed(0);
     let images = Tensor::f_randn([batch_size, 3, image_size, image_size], (Kind::Float, Device::Cpu))?;
@@ -310,6 +315,7 @@ pub fn bench_agree(
         arch: arch.to_string(),
         reference: reference.to_string(),
         other: other.to_string(),
+        tf32,
         loss_reference,
         loss_other,
         loss_relative_difference: (loss_other - loss_reference).abs() / loss_reference.abs().max(1e-12),
@@ -622,14 +628,15 @@ mod tests {
     #[test]
     fn agree_finds_no_difference_in_the_same_computation_and_a_real_one_in_bf16() {
         let fp32 = Compute { precision: Precision::Fp32, channels_last: false, device: Device::Cpu };
-        let same = bench_agree(Arch::Resnet18, 64, 8, fp32, fp32).unwrap();
+        let same = bench_agree(Arch::Resnet18, 64, 8, fp32, fp32, false).unwrap();
         assert!(same.loss_reference.is_finite() && same.loss_reference > 0.0);
         assert_eq!(same.loss_reference, same.loss_other);
         assert_eq!((same.logits_max_abs_difference, same.update_relative_difference), (0.0, 0.0));
         // bf16 keeps 8 bits of mantissa: the step lands measurably elsewhere (so the check that
         // a GPU agrees with the CPU can fail), but it is still the same step.
         let bf16 =
-            bench_agree(Arch::Resnet18, 64, 8, fp32, Compute { precision: Precision::Bf16, ..fp32 }).unwrap();
+            bench_agree(Arch::Resnet18, 64, 8, fp32, Compute { precision: Precision::Bf16, ..fp32 }, false)
+                .unwrap();
         assert!(bf16.logits_max_abs_difference > 1e-3, "{bf16:?}");
         assert!(bf16.loss_relative_difference > 1e-5 && bf16.loss_relative_difference < 0.05, "{bf16:?}");
         assert!(bf16.update_relative_difference > 1e-3 && bf16.update_relative_difference < 0.5, "{bf16:?}");

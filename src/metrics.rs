@@ -11,7 +11,7 @@
 //! occur, and the class rank is the class index (the sorted class names, or `data.class_order`).
 
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// Bins of the expected calibration error: equal-width over (0, 1], as most papers use.
 pub const ECE_BINS: usize = 15;
@@ -37,7 +37,7 @@ pub fn argmax<T: PartialOrd + Copy>(values: &[T]) -> usize {
     values.iter().enumerate().fold(0, |best, (i, &v)| if v > values[best] { i } else { best })
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ClassMetrics {
     pub precision: f64,
     pub recall: f64,
@@ -49,7 +49,7 @@ pub struct ClassMetrics {
 
 /// One reliability-diagram bin: images whose confidence (top probability) falls in
 /// `(lower, upper]`, their mean confidence and their accuracy.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ReliabilityBin {
     pub lower: f64,
     pub upper: f64,
@@ -58,23 +58,19 @@ pub struct ReliabilityBin {
     pub accuracy: f64,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Metrics {
     pub images: u64,
     pub top1: f64,
     /// Accuracy with the true class among the `k` most probable, for k = 2..min(5, C).
     pub top_k: Vec<(usize, f64)>,
     pub per_class: Vec<ClassMetrics>,
-    pub macro_f1: f64,
+    /// Macro-F1, balanced accuracy, the kappas and the rank errors (flattened: the same keys
+    /// as in `metrics.jsonl`'s validation reports).
+    #[serde(flatten)]
+    pub ordinal: ConfusionMetrics,
     pub weighted_f1: f64,
-    pub balanced_accuracy: f64,
     pub log_loss: f64,
-    pub cohen_kappa: f64,
-    pub quadratic_kappa: f64,
-    /// Mean |predicted rank - true rank| over all images.
-    pub mean_rank_error: f64,
-    /// Of the wrong predictions, the share more than one class away (0 with no errors).
-    pub far_error_share: f64,
     pub ece: f64,
     pub reliability: Vec<ReliabilityBin>,
     /// Mean of the per-class ROC AUCs that are defined.
@@ -89,7 +85,6 @@ pub fn compute(predictions: &Predictions) -> Metrics {
     assert!(n > 0, "metrics of no images");
     let predicted: Vec<usize> = (0..n).map(|i| predictions.predicted(i)).collect();
     let confusion = confusion_of(predictions.labels, &predicted, 0..n, c);
-    let ordinal = from_confusion(&confusion);
     let per_class: Vec<ClassMetrics> = class_rates(&confusion)
         .iter()
         .enumerate()
@@ -108,15 +103,9 @@ pub fn compute(predictions: &Predictions) -> Metrics {
         images: n as u64,
         top1: correct as f64 / n as f64,
         top_k: (2..=c.min(5)).map(|k| (k, top_k(predictions, k))).collect(),
-        macro_f1: ordinal.macro_f1,
+        ordinal: from_confusion(&confusion),
         weighted_f1: per_class.iter().map(|m| m.f1 * m.support as f64).sum::<f64>() / n as f64,
-        balanced_accuracy: ordinal.balanced_accuracy,
         log_loss: log_loss(predictions),
-        // Undefined kappas stay NaN here (JSON null, as the Option gives).
-        cohen_kappa: ordinal.cohen_kappa.unwrap_or(f64::NAN),
-        quadratic_kappa: ordinal.quadratic_kappa.unwrap_or(f64::NAN),
-        mean_rank_error: ordinal.mean_rank_error,
-        far_error_share: ordinal.far_error_share,
         ece,
         reliability,
         macro_roc_auc: (!aucs.is_empty()).then(|| aucs.iter().sum::<f64>() / aucs.len() as f64),
@@ -128,7 +117,7 @@ pub fn compute(predictions: &Predictions) -> Metrics {
 /// The metrics that follow from a confusion matrix alone, cheap enough for every epoch's
 /// validation (`metrics.jsonl`, `summary.json`). A kappa is None where it is undefined (every
 /// image in one class, or every prediction).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ConfusionMetrics {
     pub macro_f1: f64,
@@ -366,15 +355,22 @@ fn calibration(predictions: &Predictions) -> (f64, Vec<ReliabilityBin>) {
     (ece, bins)
 }
 
-/// A 95% interval.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+/// A 95% interval; NaN bounds (JSON null) where no resample defined the metric.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
 pub struct Interval {
+    #[serde(deserialize_with = "nan_if_null")]
     pub low: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub high: f64,
 }
 
+/// Reads back a number that serde_json wrote as null because it was NaN.
+fn nan_if_null<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(deserializer)?.unwrap_or(f64::NAN))
+}
+
 /// Percentile bootstrap intervals of the headline metrics.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Intervals {
     pub resamples: usize,
     pub seed: u64,
@@ -448,9 +444,9 @@ mod tests {
         // Class 0: precision 1/2, recall 1, F1 2/3; class 2: precision 1, recall 1/2.
         assert_eq!((m.per_class[0].precision, m.per_class[0].recall), (0.5, 1.0));
         assert!((m.per_class[2].f1 - 2.0 / 3.0).abs() < 1e-15);
-        assert_eq!(m.balanced_accuracy, (1.0 + 1.0 + 0.5) / 3.0);
+        assert_eq!(m.ordinal.balanced_accuracy, (1.0 + 1.0 + 0.5) / 3.0);
         // One error, two classes away.
-        assert_eq!((m.mean_rank_error, m.far_error_share), (0.5, 1.0));
+        assert_eq!((m.ordinal.mean_rank_error, m.ordinal.far_error_share), (0.5, 1.0));
         assert_eq!(m.top_k, vec![(2, 1.0), (3, 1.0)]);
     }
 

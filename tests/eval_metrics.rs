@@ -98,17 +98,17 @@ fn metrics_match_scikit_learn_and_intervals_scipy() {
         assert_eq!(class.support, reference["support"][c].as_u64().unwrap(), "support {c}");
         close(class.roc_auc.unwrap(), &reference["roc_auc"][c], &format!("ROC AUC {c}"));
     }
-    close(ours.macro_f1, &reference["macro_f1"], "macro F1");
+    close(ours.ordinal.macro_f1, &reference["macro_f1"], "macro F1");
     close(ours.weighted_f1, &reference["weighted_f1"], "weighted F1");
-    close(ours.balanced_accuracy, &reference["balanced_accuracy"], "balanced accuracy");
+    close(ours.ordinal.balanced_accuracy, &reference["balanced_accuracy"], "balanced accuracy");
     close(ours.log_loss, &reference["log_loss"], "log loss");
-    close(ours.cohen_kappa, &reference["cohen_kappa"], "Cohen's kappa");
-    close(ours.quadratic_kappa, &reference["quadratic_kappa"], "quadratic kappa");
-    close(ours.mean_rank_error, &reference["mean_rank_error"], "mean rank error");
+    close(ours.ordinal.cohen_kappa.unwrap(), &reference["cohen_kappa"], "Cohen's kappa");
+    close(ours.ordinal.quadratic_kappa.unwrap(), &reference["quadratic_kappa"], "quadratic kappa");
+    close(ours.ordinal.mean_rank_error, &reference["mean_rank_error"], "mean rank error");
     close(ours.ece, &reference["ece"], "ECE");
     // The data are not degenerate: each metric says something different.
-    assert!(ours.top1 > 0.5 && ours.balanced_accuracy < ours.top1, "{ours:?}");
-    assert!(ours.quadratic_kappa > ours.cohen_kappa, "{ours:?}");
+    assert!(ours.top1 > 0.5 && ours.ordinal.balanced_accuracy < ours.top1, "{ours:?}");
+    assert!(ours.ordinal.quadratic_kappa > ours.ordinal.cohen_kappa, "{ours:?}");
 
     // Intervals: two bootstraps with different generators agree within sampling error (the
     // Monte Carlo error of a 2.5% endpoint over 1000 resamples of 600 images is ~0.005).
@@ -174,6 +174,47 @@ fn eval_writes_per_image_results_whose_metrics_scikit_learn_confirms() {
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
         std::fs::read(dir.path().join(out).join("metrics.json")).unwrap()
     };
+    // Training ended by evaluating its best checkpoint as `rtrain eval` does, into
+    // run/evaluation: the same bytes as eval's own files (default bootstrap, seeded by run.seed).
+    let best = common::rtrain(dir.path())
+        .args(["eval", "--checkpoint", "run/checkpoints/best.safetensors", "--out", "best", "--split", "val"])
+        .args(settings)
+        .output()
+        .unwrap();
+    assert!(best.status.success(), "{}", String::from_utf8_lossy(&best.stderr));
+    for file in ["metrics.json", "predictions.csv", "report.md"] {
+        let (trained, evaluated) =
+            (dir.path().join("run/evaluation").join(file), dir.path().join("best").join(file));
+        assert_eq!(
+            std::fs::read(&trained).unwrap(),
+            std::fs::read(&evaluated).unwrap(),
+            "{} differs from eval's {}",
+            trained.display(),
+            evaluated.display()
+        );
+    }
+    // rtrain report shows that evaluation: its text and its figures, copied beside report.md.
+    let reported = common::rtrain(dir.path()).args(["report", "run"]).output().unwrap();
+    assert!(reported.status.success(), "{}", String::from_utf8_lossy(&reported.stderr));
+    let report = std::fs::read_to_string(dir.path().join("run/report/report.md")).unwrap();
+    let evaluation = std::fs::read_to_string(dir.path().join("best/report.md")).unwrap();
+    let text = evaluation.split("```").nth(1).unwrap().trim_start_matches('\n');
+    assert!(report.contains(text), "report.md lacks the evaluation's text {text}:\n{report}");
+    for figure in [
+        "run-best-confusion-by-row.svg",
+        "run-best-reliability.svg",
+        "run-best-roc.svg",
+        "run-best-mistakes.png",
+    ] {
+        assert!(report.contains(&format!("]({figure})")), "report.md does not show {figure}");
+        let name = figure.trim_start_matches("run-best-");
+        assert_eq!(
+            std::fs::read(dir.path().join("run/report").join(figure)).unwrap(),
+            std::fs::read(dir.path().join("best").join(name)).unwrap(),
+            "{figure}"
+        );
+    }
+
     let by_split = eval("by-split", &["--split", "val"]);
     let val = data.join("val");
     let by_tree = eval("by-tree", &["--data", val.to_str().unwrap()]);
@@ -206,6 +247,50 @@ fn eval_writes_per_image_results_whose_metrics_scikit_learn_confirms() {
     let columns = pairs.values().map(|&n| n.min(4)).max().unwrap_or(1);
     let expected = (170 + columns * 140 + 12, 44 + pairs.len().max(1) as u32 * 184);
     assert_eq!((gallery.width(), gallery.height()), expected, "pairs with mistakes: {pairs:?}");
+    // The Grad-CAM panel is the same gallery with each photo replaced by its Grad-CAM overlay
+    // for the predicted class: the first thumbnail is `rtrain explain`'s overlay of that image.
+    let panel = image::open(dir.path().join("by-split/mistakes-gradcam.png")).unwrap().to_rgb8();
+    assert_eq!(panel.dimensions(), (gallery.width(), gallery.height()));
+    let mut reader = csv::Reader::from_path(dir.path().join("by-split/predictions.csv")).unwrap();
+    let rows: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
+    let first = rows.iter().enumerate().filter(|(_, r)| r[4] == *"false").min_by(|(i, a), (j, b)| {
+        let key = |r: &csv::StringRecord| (r[1].to_string(), r[2].to_string());
+        let probability = |r: &csv::StringRecord| r[3].parse::<f64>().unwrap();
+        key(a).cmp(&key(b)).then(probability(b).total_cmp(&probability(a))).then(i.cmp(j))
+    });
+    if let Some((_, first)) = first {
+        let explained = common::rtrain(dir.path())
+            .args([
+                "explain",
+                "--checkpoint",
+                "run/model.safetensors",
+                "--out",
+                "first",
+                "--class",
+                &first[2],
+            ])
+            .args(settings)
+            .arg(&first[0])
+            .output()
+            .unwrap();
+        assert!(explained.status.success(), "{}", String::from_utf8_lossy(&explained.stderr));
+        let overlay = std::fs::read_dir(dir.path().join("first"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|e| e == "png"))
+            .unwrap();
+        let overlay = image::open(overlay).unwrap().to_rgb8();
+        let scale = 128.0 / f64::from(overlay.width().max(overlay.height()));
+        let size = |n: u32| ((f64::from(n) * scale) as u32).max(1);
+        let thumbnail = image::imageops::thumbnail(&overlay, size(overlay.width()), size(overlay.height()));
+        let shown =
+            image::imageops::crop_imm(&panel, 170, 44, thumbnail.width(), thumbnail.height()).to_image();
+        assert!(shown == thumbnail, "the panel's first thumbnail is not explain's overlay of {}", &first[0]);
+        let photo =
+            image::imageops::crop_imm(&gallery.to_rgb8(), 170, 44, thumbnail.width(), thumbnail.height())
+                .to_image();
+        assert!(photo != shown, "the panel shows the photo, not its Grad-CAM");
+    }
     let report = std::fs::read_to_string(dir.path().join("by-split/report.md")).unwrap();
     for figure in report.split("](").skip(1).map(|rest| rest.split(')').next().unwrap()) {
         assert!(
@@ -214,7 +299,10 @@ fn eval_writes_per_image_results_whose_metrics_scikit_learn_confirms() {
         );
     }
     assert!(
-        report.contains("mistakes.png") && report.contains("reliability.svg") && report.contains("roc.svg")
+        report.contains("mistakes.png")
+            && report.contains("mistakes-gradcam.png")
+            && report.contains("reliability.svg")
+            && report.contains("roc.svg")
     );
     assert_eq!(metrics["samples"], 20);
     let reference = reference(dir.path(), &labels, &probabilities, classes.len());

@@ -125,9 +125,14 @@ pub struct BenchAgreeArgs {
     /// Largest relative difference of the loss accepted.
     #[arg(long, default_value_t = 1e-3)]
     loss_tolerance: f64,
-    /// Largest relative difference of the weight update accepted.
-    #[arg(long, default_value_t = 5e-2)]
+    /// Largest relative difference of the weight update accepted (with TF32 off, PyTorch's own
+    /// GPU step is within 4e-3 of its CPU step at batch sizes 8 and 64 on an H200).
+    #[arg(long, default_value_t = 1e-2)]
     update_tolerance: f64,
+    /// Let cuDNN's convolutions use TF32, as training does by default (PyTorch's default):
+    /// the step then lands about 11% away, in PyTorch as in rtrain (bench/agree_reference.py).
+    #[arg(long)]
+    tf32: bool,
     #[arg(long)]
     json: bool,
 }
@@ -138,7 +143,8 @@ impl BenchAgreeArgs {
             (self.device, self.loss_tolerance, self.update_tolerance);
         let reference = Compute { precision: Precision::Fp32, channels_last: false, device: Device::Cpu };
         let other = Compute { device, ..reference };
-        let result = bench::bench_agree(self.arch, self.image_size, self.batch_size, reference, other)?;
+        let result =
+            bench::bench_agree(self.arch, self.image_size, self.batch_size, reference, other, self.tf32)?;
         let agree = result.loss_relative_difference <= loss_tolerance
             && result.update_relative_difference <= update_tolerance;
         print::agree(&result, device, loss_tolerance, update_tolerance, agree, self.json)?;

@@ -222,8 +222,9 @@ pub fn agree(
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "{} one step, cpu vs {device:?}: loss {:.6} vs {:.6} (relative {:.1e}), logits max |diff| {:.1e}, weight update relative {:.1e}: {}",
+            "{} one step, cpu vs {device:?} (TF32 {}): loss {:.6} vs {:.6} (relative {:.1e}), logits max |diff| {:.1e}, weight update relative {:.1e}: {}",
             result.arch,
+            if result.tf32 { "on" } else { "off" },
             result.loss_reference,
             result.loss_other,
             result.loss_relative_difference,

@@ -19,6 +19,7 @@ use crate::data::decode::DecodeError;
 use crate::data::loader::transform_encoded;
 use crate::data::shards::ShardError;
 use crate::data::transforms;
+use crate::model::Model;
 use crate::plan::RunPlan;
 use crate::predict::inputs::{InputError, Inputs};
 use crate::run_dir::checkpoint::{self, CheckpointError};
@@ -106,21 +107,11 @@ pub fn explain(config: &Config, request: &Request) -> Result<Vec<Explained>, Exp
     };
     std::fs::create_dir_all(&request.out)
         .map_err(|source| ExplainError::CreateDir { path: request.out.clone(), source })?;
-    let transform = plan.eval_transform();
-    let size = i64::from(transform.size);
-    let mut pixels = vec![0f32; transform.output_len()];
+    let mut explainer = Explainer::new(&model, plan.eval_transform(), stage);
     let mut explained = Vec::with_capacity(indices.len());
     for (position, &index) in indices.iter().enumerate() {
         let image = dataset.describe(index);
-        let bytes = dataset.encoded(index)?;
-        let mut rng = transforms::sample_rng(0, 0, 0);
-        transform_encoded(&bytes, &transform, &mut rng, &mut pixels)
-            .map_err(|source| ExplainError::Decode { image: image.clone(), source })?;
-        let torch_err = |source| ExplainError::Torch { image: image.clone(), source };
-        let input = Tensor::from_slice(&pixels).view([1, 3, size, size]);
-        let cam = gradcam::grad_cam(&model, &input, stage, class).map_err(torch_err)?;
-        let overlay =
-            gradcam::overlay(&pixels, transform.size, transform.normalize, &cam.map).map_err(torch_err)?;
+        let One { cam, overlay, input } = explainer.explain(dataset.as_ref(), index, class)?;
 
         let stem = output_stem(position, &image);
         let (overlay_name, map_name) = (format!("{stem}.png"), format!("{stem}.safetensors"));
@@ -156,6 +147,49 @@ pub fn explain(config: &Config, request: &Request) -> Result<Vec<Explained>, Exp
         files::csv_of(&explained).map_err(|source| ExplainError::Csv { path: index.clone(), source })?;
     files::write_atomic(&index, &csv)?;
     Ok(explained)
+}
+
+/// One image explained: the map, its overlay on the image as the model saw it, and the input.
+pub struct One {
+    pub cam: gradcam::GradCam,
+    pub overlay: image::RgbImage,
+    pub input: Tensor,
+}
+
+/// Grad-CAM of one model at one stage, image after image, with the plan's evaluation transform.
+pub struct Explainer<'m> {
+    model: &'m Model,
+    transform: transforms::Transform,
+    stage: usize,
+    pixels: Vec<f32>,
+}
+
+impl<'m> Explainer<'m> {
+    pub fn new(model: &'m Model, transform: transforms::Transform, stage: usize) -> Explainer<'m> {
+        let pixels = vec![0f32; transform.output_len()];
+        Explainer { model, transform, stage, pixels }
+    }
+
+    /// Explains `class` (default: the predicted one) for the image at `index` of `dataset`.
+    pub fn explain(
+        &mut self,
+        dataset: &dyn Dataset,
+        index: usize,
+        class: Option<usize>,
+    ) -> Result<One, ExplainError> {
+        let image = dataset.describe(index);
+        let bytes = dataset.encoded(index)?;
+        let mut rng = transforms::sample_rng(0, 0, 0);
+        transform_encoded(&bytes, &self.transform, &mut rng, &mut self.pixels)
+            .map_err(|source| ExplainError::Decode { image: image.clone(), source })?;
+        let torch_err = |source| ExplainError::Torch { image: image.clone(), source };
+        let size = i64::from(self.transform.size);
+        let input = Tensor::from_slice(&self.pixels).view([1, 3, size, size]);
+        let cam = gradcam::grad_cam(self.model, &input, self.stage, class).map_err(torch_err)?;
+        let overlay = gradcam::overlay(&self.pixels, self.transform.size, self.transform.normalize, &cam.map)
+            .map_err(torch_err)?;
+        Ok(One { cam, overlay, input })
+    }
 }
 
 /// `layer1`-`layer4` as the stage number Grad-CAM reads.

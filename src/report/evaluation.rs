@@ -8,16 +8,38 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
+use crate::explain::Explainer;
 use crate::metrics::{self, Interval, Intervals, Metrics, Predictions};
 use crate::report::{gallery, plot};
+use crate::run_dir::checkpoint;
 use crate::run_dir::records::EvalReport;
 use crate::train::eval::CheckpointEvaluation;
 use crate::util::files;
 
-/// A checkpoint evaluated on a split, with everything `eval` says about it.
-#[derive(Debug, Serialize)]
+/// What `metrics.json` is called in an evaluation's directory.
+const METRICS_FILE: &str = "metrics.json";
+
+/// The figures of an evaluation's directory that `rtrain report` shows (the confusion in
+/// counts it draws itself, from the epoch records).
+pub const REPORTED_FIGURES: [&str; 8] = [
+    "confusion-by-row.svg",
+    "confusion-by-row.png",
+    "reliability.svg",
+    "reliability.png",
+    "roc.svg",
+    "roc.png",
+    "mistakes.png",
+    "mistakes-gradcam.png",
+];
+
+/// The stage whose Grad-CAM the gallery of mistakes is shown with (`layer4`, as papers do).
+const GALLERY_LAYER: usize = 4;
+
+/// A checkpoint evaluated on a split, with everything `eval` says about it (read back from
+/// `metrics.json` without the ROC curves, which only the figures keep).
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Evaluated {
     /// The evaluated data (the split's directory, or the shard set).
     pub data: PathBuf,
@@ -56,6 +78,14 @@ impl Evaluated {
         })
     }
 
+    /// Reads `metrics.json` of a directory [`Evaluated::write`] wrote.
+    pub fn read(dir: &Path) -> Result<Evaluated> {
+        let path = dir.join(METRICS_FILE);
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text)
+            .with_context(|| format!("{}: not an evaluation rtrain wrote", path.display()))
+    }
+
     /// The report as text: per-class table, headline metrics with intervals, confusion.
     pub fn describe(&self) -> String {
         let (report, m) = (&self.report, &self.metrics);
@@ -81,31 +111,33 @@ impl Evaluated {
                 .map_or(String::new(), |i| format!(" (95% interval [{:.4}, {:.4}])", i.low, i.high))
         };
         let _ = writeln!(text, "top-1 {:.4}{}", m.top1, interval(|i| i.top1));
+        let ordinal = &m.ordinal;
         let _ = writeln!(
             text,
             "macro F1 {:.4}{}, weighted F1 {:.4}",
-            m.macro_f1,
+            ordinal.macro_f1,
             interval(|i| i.macro_f1),
             m.weighted_f1
         );
         let _ = writeln!(
             text,
             "balanced accuracy {:.4}{}",
-            m.balanced_accuracy,
+            ordinal.balanced_accuracy,
             interval(|i| i.balanced_accuracy)
         );
+        let kappa = |k: Option<f64>| k.map_or("undefined".to_string(), |k| format!("{k:.4}"));
         let _ = writeln!(
             text,
-            "Cohen's kappa {:.4}, quadratic-weighted {:.4}{}",
-            m.cohen_kappa,
-            m.quadratic_kappa,
+            "Cohen's kappa {}, quadratic-weighted {}{}",
+            kappa(ordinal.cohen_kappa),
+            kappa(ordinal.quadratic_kappa),
             interval(|i| i.quadratic_kappa)
         );
         let _ = writeln!(
             text,
             "mean error in class rank {:.4}, errors more than one class away {:.1}%",
-            m.mean_rank_error,
-            100.0 * m.far_error_share
+            ordinal.mean_rank_error,
+            100.0 * ordinal.far_error_share
         );
         let _ = writeln!(
             text,
@@ -125,7 +157,7 @@ impl Evaluated {
     /// `predictions.csv`, the figures (SVG and PNG; the gallery PNG) and `report.md`.
     pub fn write(&self, out: &Path, evaluation: &CheckpointEvaluation) -> Result<()> {
         std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-        files::write_atomic(&out.join("metrics.json"), serde_json::to_string_pretty(self)?.as_bytes())?;
+        files::write_atomic(&out.join(METRICS_FILE), serde_json::to_string_pretty(self)?.as_bytes())?;
         let mut csv = csv::Writer::from_writer(Vec::new());
         let mut header = vec![
             "image".to_string(),
@@ -154,6 +186,7 @@ impl Evaluated {
         Ok(())
     }
 
+    /// Draws the figures (each SVG and PNG, the gallery PNG only) and `report.md`.
     fn write_figures(&self, out: &Path, evaluation: &CheckpointEvaluation) -> Result<()> {
         let confusion = &self.metrics.confusion;
         plot::confusion(&out.join("confusion"), "Confusion", &self.classes, confusion, plot::Cells::Counts)?;
@@ -202,17 +235,34 @@ impl Evaluated {
         plot::lines(&out.join("roc"), &labels, &roc)?;
         let mistakes = gallery::most_confident_mistakes(&evaluation.images, gallery::DEFAULT_PER_PAIR);
         let title = format!("Most confident mistakes (up to {} per pair)", gallery::DEFAULT_PER_PAIR);
+        let dataset = evaluation.dataset.as_ref();
+        gallery::draw(&out.join("mistakes.png"), &title, dataset, &self.classes, &mistakes, |mistake| {
+            dataset.load(mistake.index).ok()
+        })?;
+        // The same mistakes as Grad-CAM sees them: the predicted class's map at layer4 (fp32, on
+        // the CPU, from the checkpoint file, as `rtrain explain` computes it).
+        let (model, _) = checkpoint::load_model(&evaluation.checkpoint)?;
+        let mut explainer = Explainer::new(&model, evaluation.transform.clone(), GALLERY_LAYER);
+        let title = format!("Grad-CAM of the predicted class (layer{GALLERY_LAYER}) for the mistakes above");
         gallery::draw(
-            &out.join("mistakes.png"),
+            &out.join("mistakes-gradcam.png"),
             &title,
-            evaluation.dataset.as_ref(),
+            dataset,
             &self.classes,
             &mistakes,
+            |mistake| match explainer.explain(dataset, mistake.index, Some(mistake.predicted)) {
+                Ok(one) => Some(one.overlay),
+                Err(error) => {
+                    tracing::warn!("{error}: shown grey in mistakes-gradcam.png");
+                    None
+                }
+            },
         )?;
         let markdown = format!(
             "# Evaluation of {}\n\n```\n{}```\n\n![confusion](confusion.svg)\n\n\
              ![confusion by true class](confusion-by-row.svg)\n\n![reliability](reliability.svg)\n\n\
-             ![ROC](roc.svg)\n\n![most confident mistakes](mistakes.png)\n",
+             ![ROC](roc.svg)\n\n![most confident mistakes](mistakes.png)\n\n\
+             ![Grad-CAM of the mistakes](mistakes-gradcam.png)\n",
             self.data.display(),
             self.describe()
         );

@@ -67,13 +67,15 @@ const GAP: u32 = 12;
 const TITLE: u32 = 44;
 
 /// Draws `pairs` (from [`most_confident_mistakes`]) of `dataset`'s images as a PNG at `path`,
-/// written atomically. An image that cannot be read shows as a grey square.
+/// written atomically, each shown as `picture` gives it (the photo; its Grad-CAM overlay), scaled
+/// to a thumbnail. An image without a picture shows as a grey square.
 pub fn draw(
     path: &Path,
     title: &str,
     dataset: &dyn Dataset,
     classes: &[String],
     pairs: &[Vec<Mistake>],
+    mut picture: impl FnMut(&Mistake) -> Option<image::RgbImage>,
 ) -> Result<(), PlotError> {
     ensure_font()?;
     let columns = pairs.iter().map(Vec::len).max().unwrap_or(0).max(1) as u32;
@@ -111,14 +113,14 @@ pub fn draw(
         }
         area.present().map_err(err)?;
     }
-    let mut picture =
+    let mut gallery =
         image::RgbImage::from_raw(width, height, pixels).expect("a buffer of the gallery's size");
     for (row, pair) in pairs.iter().enumerate() {
         let top = TITLE + row as u32 * (THUMB + CAPTION + GAP);
         for (column, mistake) in pair.iter().enumerate() {
             let left = ROW_HEADER + column as u32 * (THUMB + GAP);
-            let thumbnail = match dataset.load(mistake.index) {
-                Ok(photo) => {
+            let thumbnail = match picture(mistake) {
+                Some(photo) => {
                     let scale = f64::from(THUMB) / f64::from(photo.width().max(photo.height()));
                     let (w, h) = (
                         (f64::from(photo.width()) * scale) as u32,
@@ -126,12 +128,12 @@ pub fn draw(
                     );
                     image::imageops::thumbnail(&photo, w.max(1), h.max(1))
                 }
-                Err(_) => image::RgbImage::from_pixel(THUMB, THUMB, image::Rgb([160, 160, 160])),
+                None => image::RgbImage::from_pixel(THUMB, THUMB, image::Rgb([160, 160, 160])),
             };
-            image::imageops::overlay(&mut picture, &thumbnail, i64::from(left), i64::from(top));
+            image::imageops::overlay(&mut gallery, &thumbnail, i64::from(left), i64::from(top));
         }
     }
-    crate::util::files::write_png(path, &picture)?;
+    crate::util::files::write_png(path, &gallery)?;
     Ok(())
 }
 

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use super::evaluation::{self, Evaluated};
 use super::plot::{self, PlotError, Series};
 use crate::run_dir::manifest::Manifest;
 use crate::run_dir::records::{self, EpochRecord, EvalReport, MetricsRecord, RecordError, StepRecord};
@@ -28,6 +29,8 @@ pub enum RunReportError {
     Write(#[from] FileError),
     #[error("{path}: {source}")]
     Csv { path: PathBuf, source: csv::Error },
+    #[error("{path}: {source}")]
+    Copy { path: PathBuf, source: std::io::Error },
 }
 
 /// What the report knows about one run.
@@ -38,6 +41,8 @@ pub struct RunData {
     classes: Vec<String>,
     steps: Vec<StepRecord>,
     epochs: Vec<EpochRecord>,
+    /// The best checkpoint's evaluation that training wrote into `RUN/evaluation/`.
+    evaluation: Option<Evaluated>,
 }
 
 impl RunData {
@@ -73,7 +78,16 @@ impl RunData {
             manifest.as_ref().and_then(|m| m.data.first()).map(|d| d.classes.clone()).unwrap_or_default();
         let name =
             dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
-        Ok(RunData { dir: dir.to_path_buf(), name, manifest, classes, steps, epochs })
+        // Runs from before training wrote it, or stopped before the end, have none.
+        let evaluation = match Evaluated::read(&paths.evaluation()) {
+            Ok(evaluation) => Some(evaluation),
+            Err(error) if paths.evaluation().exists() => {
+                tracing::warn!("{error:#}: reported without the best checkpoint's evaluation");
+                None
+            }
+            Err(_) => None,
+        };
+        Ok(RunData { dir: dir.to_path_buf(), name, manifest, classes, steps, epochs, evaluation })
     }
 
     fn last_eval(&self) -> Option<&EvalReport> {
@@ -128,6 +142,16 @@ pub fn write(runs: &[RunData], out: &Path) -> Result<PathBuf, RunReportError> {
             plot::confusion(&stem, &title, &run.classes, &eval.confusion, plot::Cells::RowShares)?;
         }
     }
+    for run in runs.iter().filter(|run| run.evaluation.is_some()) {
+        let from = RunPaths::new(&run.dir).evaluation();
+        for figure in evaluation::REPORTED_FIGURES {
+            let path = from.join(figure);
+            // A figure is a few hundred KiB; the bound keeps a strange file from filling memory.
+            let bytes = files::read_regular(&path, 256 << 20)
+                .map_err(|source| RunReportError::Copy { path: path.clone(), source })?;
+            files::write_atomic(&out.join(best_figure(run, figure)), &bytes)?;
+        }
+    }
     for (name, csv) in [("epochs.csv", epochs_csv(runs)), ("steps.csv", steps_csv(runs))] {
         let path = out.join(name);
         let csv = csv.map_err(|source| RunReportError::Csv { path: path.clone(), source })?;
@@ -136,6 +160,11 @@ pub fn write(runs: &[RunData], out: &Path) -> Result<PathBuf, RunReportError> {
     let report = out.join("report.md");
     files::write_atomic(&report, markdown(runs).as_bytes())?;
     Ok(report)
+}
+
+/// The name in the report of one of a run's evaluation figures.
+fn best_figure(run: &RunData, figure: &str) -> String {
+    format!("{}-best-{figure}", run.name)
 }
 
 /// One row of `epochs.csv`: a run's finished epoch (1-based), its training sums and evaluation.
@@ -296,6 +325,25 @@ fn markdown(runs: &[RunData]) -> String {
             }
             let _ = writeln!(md, "\n![confusion](confusion-{}.svg)\n", run.name);
             let _ = writeln!(md, "![confusion by true class](confusion-{}-by-row.svg)\n", run.name);
+        }
+        if let Some(evaluation) = &run.evaluation {
+            let _ = writeln!(
+                md,
+                "### The best checkpoint on the validation split\n\n\
+                 Evaluated again at the end of training, as `rtrain eval` does (`{}`): every image's \
+                 result is in `predictions.csv` there.\n\n```text\n{}```\n",
+                RunPaths::new(&run.dir).evaluation().display(),
+                evaluation.describe()
+            );
+            for (figure, what) in [
+                ("confusion-by-row.svg", "confusion by true class"),
+                ("reliability.svg", "reliability diagram"),
+                ("roc.svg", "ROC curves"),
+                ("mistakes.png", "most confident mistakes"),
+                ("mistakes-gradcam.png", "Grad-CAM of the most confident mistakes"),
+            ] {
+                let _ = writeln!(md, "![{what}]({})\n", best_figure(run, figure));
+            }
         }
     }
     md

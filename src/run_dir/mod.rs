@@ -45,6 +45,7 @@ const BEST_CHECKPOINT_FILE: &str = "best.safetensors";
 const STEP_CHECKPOINT_PREFIX: &str = "step-";
 const CHECKPOINT_SUFFIX: &str = ".safetensors";
 const REPORT_DIR: &str = "report";
+const EVALUATION_DIR: &str = "evaluation";
 const LOCK_FILE: &str = ".rtrain.lock";
 
 #[derive(Debug, thiserror::Error)]
@@ -142,6 +143,12 @@ impl RunPaths {
 
     pub fn report(&self) -> PathBuf {
         self.root.join(REPORT_DIR)
+    }
+
+    /// The best checkpoint evaluated on the validation split at the end of training, as
+    /// `rtrain eval --out` writes it (metrics, per-image results, figures).
+    pub fn evaluation(&self) -> PathBuf {
+        self.root.join(EVALUATION_DIR)
     }
 
     fn lock(&self) -> PathBuf {
@@ -277,6 +284,7 @@ impl RunDir {
             WEIGHTS_FILE,
             CHECKPOINTS_DIR,
             REPORT_DIR,
+            EVALUATION_DIR,
         ] {
             let path = self.paths.root().join(name);
             // A link (a `report` pointing elsewhere) is removed itself, never followed.

@@ -99,6 +99,16 @@ char* rtrain_set_deterministic(int on) {
   });
 }
 
+// TF32 (10-bit mantissa) inside fp32 work on Ampere and later GPUs: cuDNN's convolutions
+// (PyTorch's default: on) and cuBLAS's matrix products (default: off). No effect on the CPU.
+char* rtrain_set_tf32(int convolutions, int matrix_products) {
+  return guarded([&] {
+    auto& context = at::globalContext();
+    context.setAllowTF32CuDNN(convolutions != 0);
+    context.setAllowTF32CuBLAS(matrix_products != 0);
+  });
+}
+
 // Makes `grad` (a view into a communication bucket, shaped and strided like the parameter) the
 // parameter's gradient. Backward then accumulates into it in place, so the bucket needs no
 // packing: PyTorch DDP's `gradient_as_bucket_view`.

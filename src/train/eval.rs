@@ -5,7 +5,7 @@
 //! same images at any world size: `rtrain eval` gathers per-image results that do not depend
 //! on the number of ranks, bit for bit.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tch::{Kind, Reduction, Tensor};
@@ -253,15 +253,18 @@ pub fn evaluate_split(
 /// The run's best checkpoint evaluated again at the end, as the tutorial reloads and evaluates
 /// `best_model.pt`: rank 0 reads `best` (checking its digest and values), every rank receives
 /// its weights, and the split is evaluated as during training. Returns the epoch (1-based) the
-/// checkpoint was taken after (known on rank 0; 0 elsewhere) and the report. A collective.
+/// checkpoint was taken after (known on rank 0; 0 elsewhere), the report as training's
+/// validation makes it (the epoch record's numbers), and every image's result on every rank, as
+/// `rtrain eval` has them. A collective.
 pub fn evaluate_best(
     plan: &RunPlan,
-    num_classes: usize,
+    classes: &[String],
     split: &Arc<dyn Dataset>,
     comm: &dyn Communicator,
     best: &Path,
-) -> Result<(u32, EvalReport), EvalError> {
+) -> Result<(u32, EvalReport, CheckpointEvaluation), EvalError> {
     let arch = plan.config.model.arch;
+    let num_classes = classes.len();
     let model = Model::with_head(arch, num_classes, &plan.config.model.head_hidden, plan.compute.device)?;
     let mut epoch = 0;
     if comm.topology().is_root() {
@@ -271,16 +274,58 @@ pub fn evaluate_best(
     }
     plan.compute.prepare_model(&model)?;
     cluster::broadcast_from_root(comm, model.state_dict().into_values());
-    Ok((epoch, evaluate_split(&model, split, plan, comm)?))
+    let (report, evaluation) = evaluate_every_image(&model, split, plan, comm, classes, best)?;
+    Ok((epoch, report, evaluation))
+}
+
+/// [`evaluate`] of `dataset` keeping every image's result, gathered on every rank: the report
+/// as the counts give it, and the [`CheckpointEvaluation`] of `checkpoint` (its report made
+/// from the images in dataset order). A collective.
+fn evaluate_every_image(
+    model: &Model,
+    dataset: &Arc<dyn Dataset>,
+    plan: &RunPlan,
+    comm: &dyn Communicator,
+    classes: &[String],
+    checkpoint: &Path,
+) -> Result<(EvalReport, CheckpointEvaluation), EvalError> {
+    let mut mine = Vec::new();
+    let transform = plan.eval_transform();
+    let counted = evaluate(
+        model,
+        dataset.clone(),
+        transform.clone(),
+        plan.eval_loader(),
+        &plan.compute,
+        comm,
+        Some(&mut mine),
+    )?;
+    let topology = comm.topology();
+    if topology.world_size > 1 {
+        tracing::info!("rank {} evaluated {} of {} images", topology.rank, mine.len(), dataset.len());
+    }
+    let images = gather_images(comm, &mine, dataset.len(), classes.len());
+    let evaluation = CheckpointEvaluation {
+        report: report_of(&images, classes.len()),
+        classes: classes.to_vec(),
+        dataset: dataset.clone(),
+        images,
+        checkpoint: checkpoint.to_path_buf(),
+        transform,
+    };
+    Ok((counted, evaluation))
 }
 
 /// What `rtrain eval` found: the report, the checkpoint's class names, the dataset and each
-/// image's result in dataset order.
+/// image's result in dataset order; the checkpoint and the transform its images were seen
+/// through, for Grad-CAM of its mistakes.
 pub struct CheckpointEvaluation {
     pub report: EvalReport,
     pub classes: Vec<String>,
     pub dataset: Arc<dyn Dataset>,
     pub images: Vec<ImageResult>,
+    pub checkpoint: PathBuf,
+    pub transform: Transform,
 }
 
 /// `rtrain eval`: the checkpoint at `path` evaluated on `split` of the data root `root` (a
@@ -316,23 +361,8 @@ pub fn evaluate_checkpoint(
             root: everyone[0].clone(),
         });
     }
-    let mut mine = Vec::new();
-    evaluate(
-        &model,
-        dataset.clone(),
-        plan.eval_transform(),
-        plan.eval_loader(),
-        &plan.compute,
-        comm,
-        Some(&mut mine),
-    )?;
-    let topology = comm.topology();
-    if topology.world_size > 1 {
-        tracing::info!("rank {} evaluated {} of {} images", topology.rank, mine.len(), dataset.len());
-    }
-    let images = gather_images(comm, &mine, dataset.len(), meta.classes.len());
-    let report = report_of(&images, meta.classes.len());
-    Ok(CheckpointEvaluation { report, classes: meta.classes, dataset, images })
+    let (_, evaluation) = evaluate_every_image(&model, &dataset, &plan, comm, &meta.classes, path)?;
+    Ok(evaluation)
 }
 
 #[cfg(test)]

@@ -167,10 +167,11 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     sync_buffers(comm.as_ref(), &model);
     check_replicas_agree(comm.as_ref(), &model)?;
     let mut summary = trainer.summary(&data, started, resume_from);
+    let mut best_evaluation = None;
     if trainer.has_best_checkpoint() {
         let best = out.paths().best_checkpoint();
-        let (epoch, report) =
-            eval::evaluate_best(plan, data.classes().len(), &data.val, comm.as_ref(), &best)?;
+        let (epoch, report, evaluation) =
+            eval::evaluate_best(plan, data.classes(), &data.val, comm.as_ref(), &best)?;
         if out.writes() {
             tracing::info!(
                 "best epoch {epoch} ({} evaluated again): val loss {:.4} top-1 {:.4}",
@@ -180,14 +181,40 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
             );
         }
         (summary.best_epoch, summary.best_eval) = (Some(epoch), Some(report));
+        best_evaluation = Some(evaluation);
     }
     let weights = model.torchvision_state_dict(trainer.steps());
     trainer::check_finite("final weights", &weights)?;
     let summary = out.finish(&weights, &trainer.weights_meta(&model), summary)?;
     if out.writes() {
+        if let Some(evaluation) = &best_evaluation {
+            write_evaluation(out.paths(), evaluation, plan.config.run.seed);
+        }
         log_done(&summary);
     }
     Ok(summary)
+}
+
+/// Writes `RUN/evaluation/` from the best checkpoint's per-image results: what
+/// `rtrain eval --checkpoint RUN/checkpoints/best.safetensors --split VAL --out DIR` writes (the
+/// bootstrap seeded by `run.seed`), for `rtrain report`. After the weights and summary, so that
+/// a failure here (an image the gallery cannot read again, a full disk) costs only this
+/// directory, which `rtrain eval` can write again; it is logged, not fatal.
+fn write_evaluation(paths: &RunPaths, evaluation: &eval::CheckpointEvaluation, seed: u64) {
+    let dir = paths.evaluation();
+    let written =
+        crate::report::evaluation::Evaluated::new(evaluation, crate::metrics::DEFAULT_BOOTSTRAP, seed)
+            .and_then(|evaluated| evaluated.write(&dir, evaluation));
+    match written {
+        Ok(()) => tracing::info!(
+            "the best checkpoint's evaluation (metrics with intervals, per-image results, figures): {}",
+            dir.display()
+        ),
+        Err(error) => tracing::error!(
+            "could not write {}: {error:#}; `rtrain eval --out` writes it from the best checkpoint",
+            dir.display()
+        ),
+    }
 }
 
 /// The training and validation splits, which agree on the classes.

@@ -19,6 +19,7 @@ pub(crate) mod ffi {
         pub fn rtrain_channels_last(tensor: *const C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn rtrain_param_to_channels_last(param: *mut C_tensor) -> *mut c_char;
         pub fn rtrain_set_deterministic(on: c_int) -> *mut c_char;
+        pub fn rtrain_set_tf32(convolutions: c_int, matrix_products: c_int) -> *mut c_char;
         pub fn rtrain_set_grad(param: *mut C_tensor, grad: *const C_tensor) -> *mut c_char;
         pub fn rtrain_grad_ready_hook(
             param: *const C_tensor,
