@@ -31,6 +31,10 @@ pub struct ReportArgs {
     /// --scaling: print JSON.
     #[arg(long)]
     pub json: bool,
+    /// A configuration key (`section.key`, repeatable) whose values do not make runs differ
+    /// for the seed statistics, beside `run.seed`, `run.name` and `run.dir`: e.g. `train.threads`.
+    #[arg(long = "ignore-key", value_name = "KEY")]
+    pub ignore_keys: Vec<String>,
 }
 
 impl ReportArgs {
@@ -63,7 +67,7 @@ impl ReportArgs {
                 }
             }
         }
-        println!("{}", report::runs::write(&runs, &out)?.display());
+        println!("{}", report::runs::write(&runs, &out, &self.ignore_keys)?.display());
         Ok(())
     }
 

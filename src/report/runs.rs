@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use super::evaluation::{self, Evaluated};
 use super::plot::{self, PlotError, Series};
+use super::seeds;
 use crate::run_dir::manifest::Manifest;
 use crate::run_dir::records::{self, EpochRecord, EvalReport, MetricsRecord, RecordError, StepRecord};
 use crate::run_dir::RunPaths;
@@ -93,10 +94,37 @@ impl RunData {
     fn last_eval(&self) -> Option<&EvalReport> {
         self.epochs.last().map(|e| &e.val)
     }
+
+    /// The run's finished epochs, in order.
+    pub fn epochs(&self) -> &[EpochRecord] {
+        &self.epochs
+    }
+
+    /// The best checkpoint's evaluation that training wrote, if any.
+    pub fn evaluation(&self) -> Option<&Evaluated> {
+        self.evaluation.as_ref()
+    }
+
+    /// The run's seed, from its manifest.
+    pub fn seed(&self) -> Option<u64> {
+        self.manifest.as_ref().map(|m| m.seeds.run)
+    }
+
+    /// `NAME (seed S)`, as the seed statistics list a group's runs.
+    fn name_and_seed(&self) -> String {
+        format!("{} (seed {})", self.name, self.seed().map_or("?".into(), |s| s.to_string()))
+    }
+
+    /// The resolved configuration from the manifest, as JSON (None without a manifest).
+    pub fn config_json(&self) -> Option<serde_json::Value> {
+        self.manifest.as_ref().and_then(|m| serde_json::to_value(&m.config).ok())
+    }
 }
 
-/// Writes the report for `runs` into `out` and returns the path of `report.md`.
-pub fn write(runs: &[RunData], out: &Path) -> Result<PathBuf, RunReportError> {
+/// Writes the report for `runs` into `out` and returns the path of `report.md`. Runs whose
+/// configurations differ only in the seed (and in `ignored` keys) are grouped for the seed
+/// statistics.
+pub fn write(runs: &[RunData], out: &Path, ignored: &[String]) -> Result<PathBuf, RunReportError> {
     std::fs::create_dir_all(out)
         .map_err(|source| RunReportError::CreateDir { path: out.to_path_buf(), source })?;
     let epoch_series = |value: fn(&EpochRecord) -> f64, what: &str| -> Vec<Series> {
@@ -157,9 +185,99 @@ pub fn write(runs: &[RunData], out: &Path) -> Result<PathBuf, RunReportError> {
         let csv = csv.map_err(|source| RunReportError::Csv { path: path.clone(), source })?;
         files::write_atomic(&path, &csv)?;
     }
+    let groups = seeds::groups(runs, ignored);
+    let (summaries, comparisons) = seeds::statistics(runs, &groups);
+    let mut md = markdown(runs);
+    if !summaries.is_empty() {
+        for (name, csv) in
+            [("seeds.csv", files::csv_of(&summaries)), ("comparisons.csv", files::csv_of(&comparisons))]
+        {
+            let path = out.join(name);
+            let csv = csv.map_err(|source| RunReportError::Csv { path: path.clone(), source })?;
+            files::write_atomic(&path, &csv)?;
+        }
+        for (number, group) in groups.iter().enumerate().filter(|(_, g)| g.runs.len() > 1) {
+            seed_curves(runs, group, &out.join(format!("seeds-{}", number + 1)))?;
+        }
+        md.push_str(&seed_markdown(runs, &groups, &summaries, &comparisons));
+    }
     let report = out.join("report.md");
-    files::write_atomic(&report, markdown(runs).as_bytes())?;
+    files::write_atomic(&report, md.as_bytes())?;
     Ok(report)
+}
+
+/// Each seed's validation top-1 per epoch, with the group's mean and the mean -/+ one standard
+/// deviation over the seeds that reached that epoch.
+fn seed_curves(runs: &[RunData], group: &seeds::Group, stem: &Path) -> Result<(), RunReportError> {
+    let mut series: Vec<Series> = group
+        .runs
+        .iter()
+        .map(|&i| Series {
+            label: runs[i].name_and_seed(),
+            points: runs[i].epochs.iter().map(|e| (f64::from(e.epoch + 1), e.val.top1)).collect(),
+        })
+        .collect();
+    let longest = group.runs.iter().map(|&i| runs[i].epochs.len()).max().unwrap_or(0);
+    let (mut mean, mut low, mut high) = (Vec::new(), Vec::new(), Vec::new());
+    for epoch in 0..longest {
+        let values: Vec<f64> =
+            group.runs.iter().filter_map(|&i| runs[i].epochs.get(epoch)).map(|e| e.val.top1).collect();
+        let summary = seeds::SeedSummary::of("", "", &values);
+        let x = (epoch + 1) as f64;
+        mean.push((x, summary.mean));
+        if values.len() > 1 {
+            low.push((x, summary.mean - summary.sd));
+            high.push((x, summary.mean + summary.sd));
+        }
+    }
+    series.push(Series { label: "mean".into(), points: mean });
+    series.push(Series { label: "mean - sd".into(), points: low });
+    series.push(Series { label: "mean + sd".into(), points: high });
+    let title = format!("Validation top-1 per seed: {}", group.name);
+    let labels = plot::Labels { title: &title, x: "epoch", y: "val top-1", log_y: false };
+    plot::lines(stem, &labels, &series)?;
+    Ok(())
+}
+
+fn seed_markdown(
+    runs: &[RunData],
+    groups: &[seeds::Group],
+    summaries: &[seeds::SeedSummary],
+    comparisons: &[seeds::Comparison],
+) -> String {
+    let mut md = String::from(
+        "## Seed statistics\n\nRuns whose resolved configurations differ only in `run.seed` (and `run.name`, \
+         `run.dir`, and any `--ignore-key`) form a group. Mean, sample standard deviation and the 95% Student-t \
+         interval of the mean over the group's runs (`seeds.csv`); groups compared by the difference of means \
+         with Welch's 95% interval and two-sided test (`comparisons.csv`).\n\n",
+    );
+    for (number, group) in groups.iter().enumerate() {
+        let members: Vec<String> = group.runs.iter().map(|&i| runs[i].name_and_seed()).collect();
+        let _ = writeln!(md, "- group {}: **{}**: {}", number + 1, group.name, members.join(", "));
+    }
+    md.push_str("\n| group | metric | n | mean | sd | 95% interval | min | max |\n|---|---|---:|---:|---:|---|---:|---:|\n");
+    for s in summaries {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {:.4} | {:.4} | [{:.4}, {:.4}] | {:.4} | {:.4} |",
+            s.group, s.metric, s.n, s.mean, s.sd, s.ci_low, s.ci_high, s.min, s.max
+        );
+    }
+    if !comparisons.is_empty() {
+        md.push_str("\n| metric | A | B | mean A - mean B | Welch 95% interval | t | df | p |\n|---|---|---|---:|---|---:|---:|---:|\n");
+        for c in comparisons {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.4} | [{:.4}, {:.4}] | {:.3} | {:.1} | {:.4} |",
+                c.metric, c.group_a, c.group_b, c.difference, c.ci_low, c.ci_high, c.t, c.df, c.p
+            );
+        }
+    }
+    md.push('\n');
+    for (number, group) in groups.iter().enumerate().filter(|(_, g)| g.runs.len() > 1) {
+        let _ = writeln!(md, "![validation top-1 per seed, {}](seeds-{}.svg)\n", group.name, number + 1);
+    }
+    md
 }
 
 /// The name in the report of one of a run's evaluation figures.
