@@ -79,6 +79,21 @@ pub struct Config {
     pub train: TrainConfig,
     pub checkpoint: CheckpointConfig,
     pub dist: DistConfig,
+    pub log: LogConfig,
+}
+
+/// `[log]`: what global rank 0 writes while training, beside `metrics.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// TensorBoard event files in `RUN_DIR/tensorboard/`, written as `metrics.jsonl` is.
+    pub tensorboard: bool,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { tensorboard: true }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -279,6 +279,21 @@ pub fn confusion(
     write_chart(&svg, &svg_text, &png, pixels)
 }
 
+/// The confusion matrix as [`confusion`] draws its PNG, in memory.
+pub fn confusion_image(
+    title: &str,
+    classes: &[String],
+    counts: &[Vec<u64>],
+    cells: Cells,
+) -> Result<image::RgbImage, PlotError> {
+    ensure_font()?;
+    let mut pixels = pixel_buffer();
+    let area = BitMapBackend::with_buffer(&mut pixels, SIZE).into_drawing_area();
+    draw_confusion(area, title, classes, counts, cells)
+        .map_err(|problem| PlotError::Draw { path: PathBuf::from("(in memory)"), problem })?;
+    Ok(image::RgbImage::from_raw(SIZE.0, SIZE.1, pixels).expect("a buffer of SIZE pixels"))
+}
+
 fn draw_confusion<DB: DrawingBackend>(
     area: DrawingArea<DB, Shift>,
     title: &str,

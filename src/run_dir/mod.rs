@@ -24,6 +24,7 @@ pub mod checkpoint;
 pub mod manifest;
 pub mod records;
 pub mod reproduce;
+pub mod tensorboard;
 
 use std::path::{Path, PathBuf};
 
@@ -46,6 +47,7 @@ const STEP_CHECKPOINT_PREFIX: &str = "step-";
 const CHECKPOINT_SUFFIX: &str = ".safetensors";
 const REPORT_DIR: &str = "report";
 const EVALUATION_DIR: &str = "evaluation";
+const TENSORBOARD_DIR: &str = "tensorboard";
 const LOCK_FILE: &str = ".rtrain.lock";
 
 #[derive(Debug, thiserror::Error)]
@@ -143,6 +145,11 @@ impl RunPaths {
 
     pub fn report(&self) -> PathBuf {
         self.root.join(REPORT_DIR)
+    }
+
+    /// TensorBoard's event files (`log.tensorboard`).
+    pub fn tensorboard(&self) -> PathBuf {
+        self.root.join(TENSORBOARD_DIR)
     }
 
     /// The best checkpoint evaluated on the validation split at the end of training, as
@@ -254,6 +261,8 @@ struct Writer {
     metrics: Option<MetricsLog>,
     /// Present once [`RunDir::start_manifest`] ran.
     manifest: Option<Manifest>,
+    /// Present once [`RunDir::start_manifest`] ran, with `log.tensorboard`.
+    tensorboard: Option<tensorboard::EventFile>,
 }
 
 impl RunDir {
@@ -267,7 +276,10 @@ impl RunDir {
         std::fs::create_dir_all(&root).map_err(|source| RunDirError::Io { path: root.clone(), source })?;
         let lock = take_lock(&paths)?;
         remove_stale_temporaries(&paths)?;
-        Ok(RunDir { paths, writer: Some(Writer { _lock: lock, metrics: None, manifest: None }) })
+        Ok(RunDir {
+            paths,
+            writer: Some(Writer { _lock: lock, metrics: None, manifest: None, tensorboard: None }),
+        })
     }
 
     /// Deletes the files of the run already in the directory (`--overwrite`), by their names
@@ -285,6 +297,7 @@ impl RunDir {
             CHECKPOINTS_DIR,
             REPORT_DIR,
             EVALUATION_DIR,
+            TENSORBOARD_DIR,
         ] {
             let path = self.paths.root().join(name);
             // A link (a `report` pointing elsewhere) is removed itself, never followed.
@@ -383,13 +396,27 @@ impl RunDir {
             }
         }
         manifest.write(&self.paths)?;
+        if manifest.config.log.tensorboard {
+            // What metrics.jsonl kept (start() cut a resumed run's at its resume point).
+            let records = records::read_metrics(&self.paths.metrics())?;
+            let classes = manifest.data.first().map(|d| d.classes.clone()).unwrap_or_default();
+            let config = manifest.config.to_toml()?;
+            let events =
+                tensorboard::EventFile::create(&self.paths.tensorboard(), &config, &classes, &records)?;
+            writer.tensorboard = Some(events);
+        }
         writer.manifest = Some(manifest);
         Ok(())
     }
 
     pub fn log_step(&mut self, record: StepRecord) -> Result<(), RunDirError> {
-        if let Some(Writer { metrics: Some(metrics), .. }) = &mut self.writer {
-            metrics.append(&MetricsRecord::Step(record))?;
+        let Some(writer) = &mut self.writer else { return Ok(()) };
+        let record = MetricsRecord::Step(record);
+        if let Some(events) = &mut writer.tensorboard {
+            events.append(&record)?;
+        }
+        if let Some(metrics) = &mut writer.metrics {
+            metrics.append(&record)?;
         }
         Ok(())
     }
@@ -410,8 +437,12 @@ impl RunDir {
                 images_per_second: record.train_images_per_second,
             });
         }
+        let record = MetricsRecord::Epoch(record);
+        if let Some(events) = &mut writer.tensorboard {
+            events.append(&record)?;
+        }
         if let Some(metrics) = &mut writer.metrics {
-            metrics.append(&MetricsRecord::Epoch(record))?;
+            metrics.append(&record)?;
         }
         Ok(())
     }
