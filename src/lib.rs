@@ -13,6 +13,7 @@ pub mod explain;
 pub mod metrics;
 pub mod model;
 pub mod plan;
+pub mod plot;
 pub mod predict;
 pub mod report;
 pub mod run_dir;

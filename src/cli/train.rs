@@ -130,8 +130,16 @@ fn train_as_rank(
     let run_dir = run_dir.unwrap_or_else(|| run_dir::default_run_dir(config));
     let paths = RunPaths::new(job::broadcast_path(comm.as_ref(), &run_dir));
     paths.check_writable(&plan.resume)?;
-    train::run(&plan, comm, paths.clone()).map_err(preempted_as_such)?;
+    let trained = train::run(&plan, comm, paths.clone()).map_err(preempted_as_such)?;
+    write_evaluation(comm.as_ref(), &paths, &trained, config);
     Ok(comm.topology().is_root().then(|| paths.summary()))
+}
+
+/// Rank 0 writes the best checkpoint's evaluation into the run directory (`evaluation/`).
+fn write_evaluation(comm: &dyn Communicator, paths: &RunPaths, trained: &train::Trained, config: &Config) {
+    if let (true, Some(evaluation)) = (comm.topology().is_root(), &trained.best_evaluation) {
+        crate::report::evaluation::write_for_run(paths, evaluation, config.run.seed);
+    }
 }
 
 /// Re-runs the run at `original_dir` (whose manifest is `original`, configuration `config`)
@@ -150,7 +158,8 @@ fn reproduce_as_rank(
     out.check_empty()?;
     let plan = RunPlan::for_training(config, comm.topology(), Resume::Fresh, epochs)?;
     job::stage_data(plan.staging.as_ref(), comm.as_ref())?;
-    train::run(&plan, comm, out.clone()).map_err(preempted_as_such)?;
+    let trained = train::run(&plan, comm, out.clone()).map_err(preempted_as_such)?;
+    write_evaluation(comm.as_ref(), &out, &trained, config);
     if !comm.topology().is_root() {
         return Ok(None);
     }

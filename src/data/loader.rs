@@ -166,7 +166,8 @@ impl Batcher {
         // Pinned here, on the worker, so that the training thread's copy to the GPU is
         // asynchronous.
         let images = match self.pin_for {
-            Some(device) => images.f_pin_memory(device).map_err(tensor_err)?,
+            Some(_) => crate::util::shim::pinned(&images)
+                .map_err(|e| tensor_err(tch::TchError::Torch(e.to_string())))?,
             None => images,
         };
         let labels = Tensor::f_from_slice(&labels).map_err(tensor_err)?;

@@ -12,9 +12,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::explain::Explainer;
 use crate::metrics::{self, Interval, Intervals, Metrics, Predictions};
-use crate::report::{gallery, plot};
+use crate::plot;
+use crate::report::gallery;
 use crate::run_dir::checkpoint;
 use crate::run_dir::records::EvalReport;
+use crate::run_dir::RunPaths;
 use crate::train::eval::CheckpointEvaluation;
 use crate::util::files;
 
@@ -268,5 +270,26 @@ impl Evaluated {
         );
         files::write_atomic(&out.join("report.md"), markdown.as_bytes())?;
         Ok(())
+    }
+}
+
+/// Writes `RUN/evaluation/` from the best checkpoint's per-image results at the end of
+/// training: what `rtrain eval --checkpoint RUN/checkpoints/best.safetensors --split VAL --out
+/// DIR` writes (the bootstrap seeded by `run.seed`), for `rtrain report`. After the weights and
+/// summary, so that a failure here (an image the gallery cannot read again, no font, a full
+/// disk) costs only this directory, which `rtrain eval` can write again: logged, not fatal.
+pub fn write_for_run(paths: &RunPaths, evaluation: &CheckpointEvaluation, seed: u64) {
+    let dir = paths.evaluation();
+    let written = Evaluated::new(evaluation, metrics::DEFAULT_BOOTSTRAP, seed)
+        .and_then(|evaluated| evaluated.write(&dir, evaluation));
+    match written {
+        Ok(()) => tracing::info!(
+            "the best checkpoint's evaluation (metrics with intervals, per-image results, figures): {}",
+            dir.display()
+        ),
+        Err(error) => tracing::error!(
+            "could not write {}: {error:#}; `rtrain eval --out` writes it from the best checkpoint",
+            dir.display()
+        ),
     }
 }

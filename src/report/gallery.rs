@@ -7,8 +7,8 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::plot::{ensure_font, PlotError};
 use crate::data::dataset::Dataset;
+use crate::plot::{ensure_font, PlotError};
 use crate::train::eval::ImageResult;
 
 /// Thumbnails shown per (true, predicted) pair by default.

@@ -4,7 +4,6 @@
 
 pub mod evaluation;
 pub mod gallery;
-pub mod plot;
 pub mod runs;
 pub mod scaling;
 pub mod seeds;

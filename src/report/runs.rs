@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::evaluation::{self, Evaluated};
-use super::plot::{self, PlotError, Series};
 use super::seeds;
+use crate::plot::{self, PlotError, Series};
 use crate::run_dir::manifest::Manifest;
 use crate::run_dir::records::{self, EpochRecord, EvalReport, MetricsRecord, RecordError, StepRecord};
 use crate::run_dir::RunPaths;
@@ -95,18 +95,8 @@ impl RunData {
         self.epochs.last().map(|e| &e.val)
     }
 
-    /// The run's finished epochs, in order.
-    pub fn epochs(&self) -> &[EpochRecord] {
-        &self.epochs
-    }
-
-    /// The best checkpoint's evaluation that training wrote, if any.
-    pub fn evaluation(&self) -> Option<&Evaluated> {
-        self.evaluation.as_ref()
-    }
-
     /// The run's seed, from its manifest.
-    pub fn seed(&self) -> Option<u64> {
+    fn seed(&self) -> Option<u64> {
         self.manifest.as_ref().map(|m| m.seeds.run)
     }
 
@@ -116,7 +106,7 @@ impl RunData {
     }
 
     /// The resolved configuration from the manifest, as JSON (None without a manifest).
-    pub fn config_json(&self) -> Option<serde_json::Value> {
+    fn config_json(&self) -> Option<serde_json::Value> {
         self.manifest.as_ref().and_then(|m| serde_json::to_value(&m.config).ok())
     }
 }
@@ -185,8 +175,14 @@ pub fn write(runs: &[RunData], out: &Path, ignored: &[String]) -> Result<PathBuf
         let csv = csv.map_err(|source| RunReportError::Csv { path: path.clone(), source })?;
         files::write_atomic(&path, &csv)?;
     }
-    let groups = seeds::groups(runs, ignored);
-    let (summaries, comparisons) = seeds::statistics(runs, &groups);
+    let seed_runs: Vec<seeds::SeedRun> =
+        runs.iter().map(|run| seeds::SeedRun { name: run.name.clone(), config: run.config_json() }).collect();
+    let groups = seeds::groups(&seed_runs, ignored);
+    let metrics: Vec<seeds::MetricValues> = SEED_METRICS
+        .iter()
+        .map(|&(name, read)| seeds::MetricValues { name, values: runs.iter().map(read).collect() })
+        .collect();
+    let (summaries, comparisons) = seeds::statistics(&metrics, &groups);
     let mut md = markdown(runs);
     if !summaries.is_empty() {
         for (name, csv) in
@@ -205,6 +201,21 @@ pub fn write(runs: &[RunData], out: &Path, ignored: &[String]) -> Result<PathBuf
     files::write_atomic(&report, md.as_bytes())?;
     Ok(report)
 }
+
+/// How a metric of the seed statistics is read off a run (None where the run lacks it).
+type ReadMetric = fn(&RunData) -> Option<f64>;
+
+/// The per-run numbers the seed statistics are taken over, by name.
+const SEED_METRICS: [(&str, ReadMetric); 8] = [
+    ("final_val_top1", |run| run.epochs.last().map(|e| e.val.top1)),
+    ("best_val_top1", |run| run.epochs.iter().map(|e| e.val.top1).reduce(f64::max)),
+    ("final_val_loss", |run| run.epochs.last().map(|e| e.val.loss)),
+    ("final_val_macro_f1", |run| run.epochs.last().map(|e| e.val.ordinal.macro_f1)),
+    ("final_val_balanced_accuracy", |run| run.epochs.last().map(|e| e.val.ordinal.balanced_accuracy)),
+    ("final_val_quadratic_kappa", |run| run.epochs.last().and_then(|e| e.val.ordinal.quadratic_kappa)),
+    ("best_checkpoint_macro_f1", |run| run.evaluation.as_ref().map(|e| e.metrics.ordinal.macro_f1)),
+    ("best_checkpoint_ece", |run| run.evaluation.as_ref().map(|e| e.metrics.ece)),
+];
 
 /// Each seed's validation top-1 per epoch, with the group's mean and the mean -/+ one standard
 /// deviation over the seeds that reached that epoch.

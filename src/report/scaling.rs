@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::plot::{self, PlotError, ScalingPoint};
 use crate::bench::median;
+use crate::plot::{self, PlotError, ScalingPoint};
 use crate::run_dir::records::{self, EpochRecord, MetricsRecord, RecordError, Summary};
 use crate::run_dir::RunPaths;
 

@@ -10,29 +10,24 @@ use serde::Serialize;
 use serde_json::Value;
 use statrs::distribution::{ContinuousCDF, StudentsT};
 
-use super::runs::RunData;
-
 /// Configuration keys that never make runs differ: the seed, and where the run was written.
 pub const ALWAYS_IGNORED: [&str; 3] = ["run.seed", "run.name", "run.dir"];
-
-/// How a metric is read off a run (None where the run lacks it: a kappa undefined, no
-/// `evaluation/`).
-pub type ReadMetric = fn(&RunData) -> Option<f64>;
 
 /// A configuration flattened to `section.key` -> value (JSON text).
 type FlatConfig = BTreeMap<String, String>;
 
-/// The per-run numbers the statistics are taken over, by name.
-pub const METRICS: [(&str, ReadMetric); 8] = [
-    ("final_val_top1", |run| run.epochs().last().map(|e| e.val.top1)),
-    ("best_val_top1", |run| run.epochs().iter().map(|e| e.val.top1).reduce(f64::max)),
-    ("final_val_loss", |run| run.epochs().last().map(|e| e.val.loss)),
-    ("final_val_macro_f1", |run| run.epochs().last().map(|e| e.val.ordinal.macro_f1)),
-    ("final_val_balanced_accuracy", |run| run.epochs().last().map(|e| e.val.ordinal.balanced_accuracy)),
-    ("final_val_quadratic_kappa", |run| run.epochs().last().and_then(|e| e.val.ordinal.quadratic_kappa)),
-    ("best_checkpoint_macro_f1", |run| run.evaluation().map(|e| e.metrics.ordinal.macro_f1)),
-    ("best_checkpoint_ece", |run| run.evaluation().map(|e| e.metrics.ece)),
-];
+/// What grouping needs of a run: its name and resolved configuration (None without a manifest).
+pub struct SeedRun {
+    pub name: String,
+    pub config: Option<Value>,
+}
+
+/// One metric's value for each run given to [`statistics`], in their order (None where a run
+/// lacks it: a kappa undefined, no `evaluation/`).
+pub struct MetricValues {
+    pub name: &'static str,
+    pub values: Vec<Option<f64>>,
+}
 
 /// Runs that differ only in their seeds.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,11 +42,11 @@ pub struct Group {
 
 /// Groups `runs` by their resolved configuration without `ignored` keys (dotted, as
 /// `optim.lr`) and [`ALWAYS_IGNORED`], in the order of each group's first run.
-pub fn groups(runs: &[RunData], ignored: &[String]) -> Vec<Group> {
+pub fn groups(runs: &[SeedRun], ignored: &[String]) -> Vec<Group> {
     let ignored: Vec<&str> =
         ALWAYS_IGNORED.iter().copied().chain(ignored.iter().map(String::as_str)).collect();
     let keys: Vec<Option<BTreeMap<String, String>>> =
-        runs.iter().map(|run| run.config_json().map(|config| flatten(&config, &ignored))).collect();
+        runs.iter().map(|run| run.config.as_ref().map(|config| flatten(config, &ignored))).collect();
     let mut groups: Vec<(Option<&FlatConfig>, Vec<usize>)> = Vec::new();
     for (index, key) in keys.iter().enumerate() {
         match groups.iter_mut().find(|(k, _)| key.is_some() && *k == key.as_ref()) {
@@ -198,25 +193,24 @@ fn t_quantile(df: f64) -> f64 {
 
 /// Every metric of every group with two or more runs, and every pair of such groups compared;
 /// a metric is taken over the runs that have it.
-pub fn statistics(runs: &[RunData], groups: &[Group]) -> (Vec<SeedSummary>, Vec<Comparison>) {
+pub fn statistics(metrics: &[MetricValues], groups: &[Group]) -> (Vec<SeedSummary>, Vec<Comparison>) {
     let seeded: Vec<&Group> = groups.iter().filter(|g| g.runs.len() > 1).collect();
-    let values = |group: &Group, read: ReadMetric| -> Vec<f64> {
-        group.runs.iter().filter_map(|&i| read(&runs[i])).collect()
-    };
     let mut summaries = Vec::new();
     let mut comparisons = Vec::new();
-    for (metric, read) in METRICS {
+    for metric in metrics {
+        let values =
+            |group: &Group| -> Vec<f64> { group.runs.iter().filter_map(|&i| metric.values[i]).collect() };
         for group in &seeded {
-            let values = values(group, read);
+            let values = values(group);
             if !values.is_empty() {
-                summaries.push(SeedSummary::of(&group.name, metric, &values));
+                summaries.push(SeedSummary::of(&group.name, metric.name, &values));
             }
         }
         for (i, a) in seeded.iter().enumerate() {
             for b in &seeded[i + 1..] {
-                let (va, vb) = (values(a, read), values(b, read));
+                let (va, vb) = (values(a), values(b));
                 if va.len() > 1 && vb.len() > 1 {
-                    comparisons.push(Comparison::welch(metric, (&a.name, &va), (&b.name, &vb)));
+                    comparisons.push(Comparison::welch(metric.name, (&a.name, &va), (&b.name, &vb)));
                 }
             }
         }

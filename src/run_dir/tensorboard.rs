@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use prost::Message;
 
 use super::records::{EpochRecord, MetricsRecord, StepRecord};
-use crate::report::plot;
+use crate::plot;
 use crate::util::files::{self, FileError};
 
 /// The part of TensorFlow's protobufs (event.proto, summary.proto, tensor.proto) rtrain writes.

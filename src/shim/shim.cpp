@@ -81,6 +81,13 @@ char* rtrain_channels_last(const at::Tensor* tensor, at::Tensor** out) {
   return guarded([&] { *out = new at::Tensor(tensor->contiguous(at::MemoryFormat::ChannelsLast)); });
 }
 
+// A copy of a CPU tensor in pinned (page-locked) memory for the current accelerator, as a new
+// at::Tensor the caller owns. Tensor::pin_memory(device) (what tch calls) warns on every call
+// since PyTorch 2.9 that the device argument is deprecated.
+char* rtrain_pin_memory(const at::Tensor* tensor, at::Tensor** out) {
+  return guarded([&] { *out = new at::Tensor(tensor->pin_memory()); });
+}
+
 // Makes a parameter's data channels-last in place, keeping its identity (and so the optimizer's
 // and the autograd graph's references to it).
 char* rtrain_param_to_channels_last(at::Tensor* param) {

@@ -96,8 +96,15 @@ pub enum TrainError {
     Signals(std::io::Error),
 }
 
+/// What a finished training run returns: its summary, and its best checkpoint's evaluation
+/// with every image's result (on every rank), for `RUN_DIR/evaluation/`.
+pub struct Trained {
+    pub summary: Summary,
+    pub best_evaluation: Option<eval::CheckpointEvaluation>,
+}
+
 /// Trains as `plan` says into the run directory at `paths`. Every rank calls it.
-pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Result<Summary, TrainError> {
+pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Result<Trained, TrainError> {
     let (started, started_at) = (Instant::now(), manifest::now());
     signals::install().map_err(TrainError::Signals)?;
     let data = Splits::open(plan)?;
@@ -187,34 +194,9 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     trainer::check_finite("final weights", &weights)?;
     let summary = out.finish(&weights, &trainer.weights_meta(&model), summary)?;
     if out.writes() {
-        if let Some(evaluation) = &best_evaluation {
-            write_evaluation(out.paths(), evaluation, plan.config.run.seed);
-        }
         log_done(&summary);
     }
-    Ok(summary)
-}
-
-/// Writes `RUN/evaluation/` from the best checkpoint's per-image results: what
-/// `rtrain eval --checkpoint RUN/checkpoints/best.safetensors --split VAL --out DIR` writes (the
-/// bootstrap seeded by `run.seed`), for `rtrain report`. After the weights and summary, so that
-/// a failure here (an image the gallery cannot read again, a full disk) costs only this
-/// directory, which `rtrain eval` can write again; it is logged, not fatal.
-fn write_evaluation(paths: &RunPaths, evaluation: &eval::CheckpointEvaluation, seed: u64) {
-    let dir = paths.evaluation();
-    let written =
-        crate::report::evaluation::Evaluated::new(evaluation, crate::metrics::DEFAULT_BOOTSTRAP, seed)
-            .and_then(|evaluated| evaluated.write(&dir, evaluation));
-    match written {
-        Ok(()) => tracing::info!(
-            "the best checkpoint's evaluation (metrics with intervals, per-image results, figures): {}",
-            dir.display()
-        ),
-        Err(error) => tracing::error!(
-            "could not write {}: {error:#}; `rtrain eval --out` writes it from the best checkpoint",
-            dir.display()
-        ),
-    }
+    Ok(Trained { summary, best_evaluation })
 }
 
 /// The training and validation splits, which agree on the classes.

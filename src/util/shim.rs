@@ -1,5 +1,6 @@
 //! The Rust side of the C++ shim (`src/shim/shim.cpp`, compiled by build.rs): what tch does not
-//! expose (CPU autocast, memory formats, deterministic mode, gradient hooks, SyncBatchNorm).
+//! expose (CPU autocast, memory formats, deterministic mode, TF32, pinned memory without a
+//! device argument, gradient hooks, SyncBatchNorm).
 //! Every shim function catches its C++ exceptions and returns them as a message, which
 //! [`check`] turns into a [`ShimError`].
 
@@ -18,6 +19,7 @@ pub(crate) mod ffi {
         pub fn rtrain_autocast_exit(cuda: c_int, enabled: c_int, dtype: c_int) -> *mut c_char;
         pub fn rtrain_channels_last(tensor: *const C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn rtrain_param_to_channels_last(param: *mut C_tensor) -> *mut c_char;
+        pub fn rtrain_pin_memory(tensor: *const C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn rtrain_set_deterministic(on: c_int) -> *mut c_char;
         pub fn rtrain_set_tf32(convolutions: c_int, matrix_products: c_int) -> *mut c_char;
         pub fn rtrain_set_grad(param: *mut C_tensor, grad: *const C_tensor) -> *mut c_char;
@@ -62,4 +64,13 @@ pub(crate) fn check(what: &'static str, message: *mut c_char) -> Result<(), Shim
     // SAFETY: freed once, by the function that pairs with the shim's malloc.
     unsafe { ffi::rtrain_shim_free(message) };
     Err(ShimError { what, message: text })
+}
+
+/// A copy of a CPU tensor in pinned memory, so that copying it to the GPU is asynchronous.
+pub fn pinned(tensor: &tch::Tensor) -> Result<tch::Tensor, ShimError> {
+    let mut out = std::ptr::null_mut();
+    // SAFETY: `tensor` is a live tensor; on success `out` is a new at::Tensor we now own.
+    check("pin_memory", unsafe { ffi::rtrain_pin_memory(tensor.as_ptr(), &mut out) })?;
+    // SAFETY: `out` was allocated by the shim with `new at::Tensor`, as from_ptr expects.
+    Ok(unsafe { tch::Tensor::from_ptr(out) })
 }

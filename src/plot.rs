@@ -1,4 +1,4 @@
-//! Charts for run reports, drawn with plotters to SVG and PNG (pure Rust, no Python). Text needs
+//! Charts for run reports and TensorBoard's images, drawn with plotters to SVG and PNG (pure Rust, no Python). Text needs
 //! a TrueType font: DejaVu Sans from the system (Debian's fonts-dejavu-core, which
 //! scripts/setup and the container install), registered once.
 
