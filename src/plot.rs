@@ -54,10 +54,17 @@ pub struct Series {
 
 const SIZE: (u32, u32) = (800, 480);
 
-/// The SVG and PNG files of a chart, and how to report a failure to draw one.
+/// The SVG and PNG files of a chart: `.svg` and `.png` appended to the stem (whose name may
+/// hold dots of its own, as a run named `lr0.001-s1`).
 fn outputs(stem: &Path) -> Result<(PathBuf, PathBuf), PlotError> {
     ensure_font()?;
-    Ok((stem.with_extension("svg"), stem.with_extension("png")))
+    Ok((with_suffix(stem, ".svg"), with_suffix(stem, ".png")))
+}
+
+fn with_suffix(stem: &Path, suffix: &str) -> PathBuf {
+    let mut name = stem.as_os_str().to_os_string();
+    name.push(suffix);
+    PathBuf::from(name)
 }
 
 fn failed(path: &Path) -> impl FnOnce(String) -> PlotError + '_ {
@@ -361,6 +368,16 @@ fn draw_confusion<DB: DrawingBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stem_with_dots_keeps_them() {
+        // with_extension would have made both runs' charts confusion-lr0.svg.
+        assert_eq!(
+            with_suffix(Path::new("out/confusion-lr0.001-s1"), ".svg"),
+            Path::new("out/confusion-lr0.001-s1.svg")
+        );
+        assert_eq!(with_suffix(Path::new("out/loss"), ".png"), Path::new("out/loss.png"));
+    }
 
     #[test]
     fn a_log_axis_is_labelled_at_powers_of_ten() {
