@@ -170,11 +170,8 @@ pub fn write(runs: &[RunData], out: &Path, ignored: &[String]) -> Result<PathBuf
             files::write_atomic(&out.join(best_figure(run, figure)), &bytes)?;
         }
     }
-    for (name, csv) in [("epochs.csv", epochs_csv(runs)), ("steps.csv", steps_csv(runs))] {
-        let path = out.join(name);
-        let csv = csv.map_err(|source| RunReportError::Csv { path: path.clone(), source })?;
-        files::write_atomic(&path, &csv)?;
-    }
+    write_csv(&out.join("epochs.csv"), epochs_csv(runs))?;
+    write_csv(&out.join("steps.csv"), steps_csv(runs))?;
     let seed_runs: Vec<seeds::SeedRun> =
         runs.iter().map(|run| seeds::SeedRun { name: run.name.clone(), config: run.config_json() }).collect();
     let groups = seeds::groups(&seed_runs, ignored);
@@ -185,13 +182,8 @@ pub fn write(runs: &[RunData], out: &Path, ignored: &[String]) -> Result<PathBuf
     let (summaries, comparisons) = seeds::statistics(&metrics, &groups);
     let mut md = markdown(runs);
     if !summaries.is_empty() {
-        for (name, csv) in
-            [("seeds.csv", files::csv_of(&summaries)), ("comparisons.csv", files::csv_of(&comparisons))]
-        {
-            let path = out.join(name);
-            let csv = csv.map_err(|source| RunReportError::Csv { path: path.clone(), source })?;
-            files::write_atomic(&path, &csv)?;
-        }
+        write_csv(&out.join("seeds.csv"), files::csv_of(&summaries))?;
+        write_csv(&out.join("comparisons.csv"), files::csv_of(&comparisons))?;
         for (number, group) in groups.iter().enumerate().filter(|(_, g)| g.runs.len() > 1) {
             seed_curves(runs, group, &out.join(format!("seeds-{}", number + 1)))?;
         }
@@ -200,6 +192,13 @@ pub fn write(runs: &[RunData], out: &Path, ignored: &[String]) -> Result<PathBuf
     let report = out.join("report.md");
     files::write_atomic(&report, md.as_bytes())?;
     Ok(report)
+}
+
+/// Writes a CSV made by [`files::csv_of`] to `path`, atomically.
+fn write_csv(path: &Path, csv: Result<Vec<u8>, csv::Error>) -> Result<(), RunReportError> {
+    let csv = csv.map_err(|source| RunReportError::Csv { path: path.to_path_buf(), source })?;
+    files::write_atomic(path, &csv)?;
+    Ok(())
 }
 
 /// How a metric of the seed statistics is read off a run (None where the run lacks it).

@@ -45,7 +45,7 @@ pub struct Group {
 pub fn groups(runs: &[SeedRun], ignored: &[String]) -> Vec<Group> {
     let ignored: Vec<&str> =
         ALWAYS_IGNORED.iter().copied().chain(ignored.iter().map(String::as_str)).collect();
-    let keys: Vec<Option<BTreeMap<String, String>>> =
+    let keys: Vec<Option<FlatConfig>> =
         runs.iter().map(|run| run.config.as_ref().map(|config| flatten(config, &ignored))).collect();
     let mut groups: Vec<(Option<&FlatConfig>, Vec<usize>)> = Vec::new();
     for (index, key) in keys.iter().enumerate() {
@@ -93,7 +93,7 @@ fn flatten(config: &Value, ignored: &[&str]) -> FlatConfig {
             }
         }
     }
-    let mut out = BTreeMap::new();
+    let mut out = FlatConfig::new();
     walk("", config, &mut out);
     out.retain(|key, _| !ignored.contains(&key.as_str()));
     out
@@ -119,8 +119,8 @@ impl SeedSummary {
     /// The summary of `values` (at least one).
     pub fn of(group: &str, metric: &str, values: &[f64]) -> SeedSummary {
         let n = values.len();
-        let mean = values.iter().sum::<f64>() / n as f64;
-        let sd = (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n as f64 - 1.0)).sqrt();
+        let (mean, variance) = mean_and_variance(values);
+        let sd = variance.sqrt();
         let half = t_quantile(n as f64 - 1.0) * sd / (n as f64).sqrt();
         SeedSummary {
             group: group.to_string(),
@@ -159,8 +159,7 @@ impl Comparison {
     pub fn welch(metric: &str, (group_a, a): (&str, &[f64]), (group_b, b): (&str, &[f64])) -> Comparison {
         let moments = |values: &[f64]| {
             let n = values.len() as f64;
-            let mean = values.iter().sum::<f64>() / n;
-            let variance = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
+            let (mean, variance) = mean_and_variance(values);
             (n, mean, variance / n)
         };
         let ((n_a, mean_a, se2_a), (n_b, mean_b, se2_b)) = (moments(a), moments(b));
@@ -184,6 +183,13 @@ impl Comparison {
             p,
         }
     }
+}
+
+/// The mean and the sample variance (n - 1 in the denominator; NaN for one value).
+fn mean_and_variance(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    (mean, values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0))
 }
 
 /// The 97.5th percentile of Student's t with `df` degrees of freedom (NaN for none).
