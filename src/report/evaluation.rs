@@ -23,6 +23,9 @@ use crate::util::files;
 /// What `metrics.json` is called in an evaluation's directory.
 const METRICS_FILE: &str = "metrics.json";
 
+/// The largest `metrics.json` [`Evaluated::read`] reads.
+const METRICS_LIMIT: u64 = 64 << 20;
+
 /// The figures of an evaluation's directory that `rtrain report` shows (the confusion in
 /// counts it draws itself, from the epoch records).
 pub const REPORTED_FIGURES: [&str; 8] = [
@@ -83,8 +86,11 @@ impl Evaluated {
     /// Reads `metrics.json` of a directory [`Evaluated::write`] wrote.
     pub fn read(dir: &Path) -> Result<Evaluated> {
         let path = dir.join(METRICS_FILE);
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        serde_json::from_str(&text)
+        // A run directory may come from elsewhere: only a regular file of a bounded size is read
+        // (a metrics.json of 100 classes is well under 1 MiB).
+        let bytes = files::read_regular(&path, METRICS_LIMIT)
+            .with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_slice(&bytes)
             .with_context(|| format!("{}: not an evaluation rtrain wrote", path.display()))
     }
 
@@ -291,5 +297,19 @@ pub fn write_for_run(paths: &RunPaths, evaluation: &CheckpointEvaluation, seed: 
             "could not write {}: {error:#}; `rtrain eval --out` writes it from the best checkpoint",
             dir.display()
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metrics_json_that_is_no_regular_file_is_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        // A device that never ends: reading it whole would allocate until memory ran out.
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join(METRICS_FILE)).unwrap();
+        let error = format!("{:#}", Evaluated::read(dir.path()).unwrap_err());
+        assert!(error.contains("metrics.json"), "{error}");
     }
 }
