@@ -15,6 +15,7 @@ pub mod model;
 pub mod plan;
 pub mod plot;
 pub mod predict;
+pub mod publish;
 pub mod report;
 pub mod run_dir;
 pub mod train;

@@ -3,7 +3,7 @@
 //! `parse_arch`. Each command group's arguments, and the few calls into the library that
 //! carry it out, live in their own file: train.rs (train, reproduce: one rank of a job),
 //! model.rs (eval, predict, export), data.rs, weights.rs, bench.rs, report.rs (report,
-//! verify), doctor.rs. What the commands print is print.rs's; the exit status of a failed
+//! publish, verify), doctor.rs. What the commands print is print.rs's; the exit status of a failed
 //! command is exit.rs's (0 success, 1 failure, 2 usage or configuration error, 75 a run
 //! stopped by a signal after its checkpoint).
 
@@ -32,7 +32,7 @@ pub use data::DataCommand;
 pub use doctor::DoctorArgs;
 pub use exit::exit_code;
 pub use model::{EvalArgs, ExplainArgs, ExportArgs, PredictArgs};
-pub use report::{ReportArgs, VerifyArgs};
+pub use report::{PublishArgs, ReportArgs, VerifyArgs};
 pub use train::{ReproduceArgs, TrainArgs};
 pub use weights::WeightsCommand;
 
@@ -86,7 +86,10 @@ pub enum Command {
     Doctor(DoctorArgs),
     /// Reports over finished runs.
     Report(ReportArgs),
-    /// Re-hash a run's checkpoints, weights and data against its manifest.json.
+    /// A bundle for an archive from finished runs: weights, model card, RO-Crate, citation.
+    Publish(PublishArgs),
+    /// Re-hash a run's checkpoints, weights and data against its manifest.json (or a bundle's
+    /// files against its checksums).
     Verify(VerifyArgs),
     /// Re-run a run from its manifest.json and compare the results.
     Reproduce(ReproduceArgs),
@@ -142,6 +145,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Weights(command) => command.run(),
         Command::Doctor(args) => args.run(),
         Command::Report(args) => args.run(),
+        Command::Publish(args) => args.run(),
         Command::Verify(args) => args.run(),
         Command::Reproduce(args) => args.run(),
         Command::Config(ConfigCommand::Show(args)) => args.show(),

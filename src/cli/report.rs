@@ -1,5 +1,6 @@
 //! The commands over finished run directories: `rtrain report` (report.md, plots and CSV, or
-//! the scaling table over runs) and `rtrain verify` (a run's files against its manifest.json).
+//! the scaling table over runs), `rtrain publish` (a bundle for an archive) and `rtrain verify`
+//! (a run's files against its manifest.json, or a bundle's against its checksums).
 
 use std::path::PathBuf;
 
@@ -7,6 +8,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 
 use super::print;
+use crate::publish::{self, Authorship};
 use crate::report::{self, runs::RunData, scaling};
 use crate::run_dir::manifest;
 use crate::run_dir::RunPaths;
@@ -87,11 +89,89 @@ impl ReportArgs {
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
+    /// A run directory, or a bundle `rtrain publish` wrote (it has ro-crate-metadata.json).
     pub run_dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct PublishArgs {
+    /// Finished run directories (seeds of one configuration, or several configurations).
+    #[arg(required_unless_present = "seal")]
+    pub runs: Vec<PathBuf>,
+    /// The bundle to write (a new directory, or an empty one).
+    #[arg(long, required_unless_present = "seal")]
+    pub out: Option<PathBuf>,
+    /// The model's title (default: architecture, number of classes and of runs).
+    #[arg(long)]
+    pub title: Option<String>,
+    /// An author, "Given Family" or "Given Family <ORCID URL>" (repeatable, in citation
+    /// order; default: a placeholder).
+    #[arg(long = "author", value_name = "NAME")]
+    pub authors: Vec<String>,
+    /// The weights' licence as an SPDX identifier, e.g. CC-BY-4.0 (default: a placeholder).
+    #[arg(long, value_name = "SPDX", value_parser = parse_spdx)]
+    pub license: Option<String>,
+    /// The authors' organisation, "NAME <URL>" with its ROR URL or homepage (default: a
+    /// placeholder).
+    #[arg(long, value_name = "ORG")]
+    pub affiliation: Option<String>,
+    /// Who publishes the bundle, "NAME <URL>", e.g. "Zenodo <https://zenodo.org>" (default: a
+    /// placeholder).
+    #[arg(long, value_name = "ORG")]
+    pub publisher: Option<String>,
+    /// Seal a bundle again after filling in its MODEL_CARD.md or CITATION.cff: rewrite the
+    /// sha256 of every file in ro-crate-metadata.json and SHA256SUMS.
+    #[arg(long, value_name = "BUNDLE", conflicts_with_all = ["runs", "out", "title", "authors", "license", "affiliation", "publisher"])]
+    pub seal: Option<PathBuf>,
+}
+
+fn parse_spdx(id: &str) -> Result<String, String> {
+    match !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric() || ".-+".contains(c)) {
+        true => Ok(id.to_string()),
+        false => Err(format!("{id:?} is not an SPDX licence identifier (e.g. CC-BY-4.0, MIT, Apache-2.0)")),
+    }
+}
+
+impl PublishArgs {
+    pub(super) fn run(self) -> Result<()> {
+        if let Some(bundle) = &self.seal {
+            let files = publish::seal(bundle)?;
+            println!("{}: sealed ({files} files re-hashed)", bundle.display());
+            return Ok(());
+        }
+        let Some(out) = &self.out else { bail!("--out is required") };
+        let authorship = Authorship {
+            title: self.title,
+            authors: self.authors,
+            license: self.license,
+            affiliation: self.affiliation,
+            publisher: self.publisher,
+        };
+        let bundle = publish::publish(&self.runs, out, authorship)?;
+        let card = out.join(publish::MODEL_CARD);
+        let placeholders = std::fs::read_to_string(&card).map_or(0, |text| text.matches("[AUTHOR]").count());
+        println!("{}", out.display());
+        eprintln!(
+            "published {} run(s); {} places in {} are for the author (then: rtrain publish --seal {})",
+            bundle.runs.len(),
+            placeholders,
+            card.display(),
+            out.display()
+        );
+        Ok(())
+    }
 }
 
 impl VerifyArgs {
     pub(super) fn run(self) -> Result<()> {
+        if publish::is_bundle(&self.run_dir) {
+            let findings = publish::verify(&self.run_dir)?;
+            let bad = print::verify_findings(&findings);
+            if bad > 0 {
+                bail!("{}: {bad} finding(s): the bundle is not as it was published", self.run_dir.display());
+            }
+            return Ok(());
+        }
         let findings = manifest::verify(&self.run_dir)?;
         let bad = print::verify_findings(&findings);
         if bad > 0 {

@@ -37,6 +37,9 @@ pub enum RunReportError {
 /// What the report knows about one run.
 pub struct RunData {
     pub dir: PathBuf,
+    /// How report.md names the directory: `dir`, unless the report is written for a bundle
+    /// that holds the run elsewhere ([`RunData::shown_as`]).
+    shown_dir: PathBuf,
     pub name: String,
     manifest: Option<Manifest>,
     classes: Vec<String>,
@@ -88,7 +91,35 @@ impl RunData {
             }
             Err(_) => None,
         };
-        Ok(RunData { dir: dir.to_path_buf(), name, manifest, classes, steps, epochs, evaluation })
+        Ok(RunData {
+            dir: dir.to_path_buf(),
+            shown_dir: dir.to_path_buf(),
+            name,
+            manifest,
+            classes,
+            steps,
+            epochs,
+            evaluation,
+        })
+    }
+
+    /// The run as report.md names it: `shown` instead of the directory it was read from (a
+    /// publication bundle names its runs by their place in the bundle).
+    pub fn shown_as(self, shown: &Path) -> RunData {
+        RunData { shown_dir: shown.to_path_buf(), ..self }
+    }
+
+    pub fn manifest(&self) -> Option<&Manifest> {
+        self.manifest.as_ref()
+    }
+
+    pub fn epochs(&self) -> &[EpochRecord] {
+        &self.epochs
+    }
+
+    /// The best checkpoint's evaluation from `RUN/evaluation/` (None for runs without one).
+    pub fn evaluation(&self) -> Option<&Evaluated> {
+        self.evaluation.as_ref()
     }
 
     fn last_eval(&self) -> Option<&EvalReport> {
@@ -172,14 +203,7 @@ pub fn write(runs: &[RunData], out: &Path, ignored: &[String]) -> Result<PathBuf
     }
     write_csv(&out.join("epochs.csv"), epochs_csv(runs))?;
     write_csv(&out.join("steps.csv"), steps_csv(runs))?;
-    let seed_runs: Vec<seeds::SeedRun> =
-        runs.iter().map(|run| seeds::SeedRun { name: run.name.clone(), config: run.config_json() }).collect();
-    let groups = seeds::groups(&seed_runs, ignored);
-    let metrics: Vec<seeds::MetricValues> = SEED_METRICS
-        .iter()
-        .map(|&(name, read)| seeds::MetricValues { name, values: runs.iter().map(read).collect() })
-        .collect();
-    let (summaries, comparisons) = seeds::statistics(&metrics, &groups);
+    let SeedStatistics { groups, summaries, comparisons } = seed_statistics(runs, ignored);
     let mut md = markdown(runs);
     if !summaries.is_empty() {
         write_csv(&out.join("seeds.csv"), files::csv_of(&summaries))?;
@@ -192,6 +216,28 @@ pub fn write(runs: &[RunData], out: &Path, ignored: &[String]) -> Result<PathBuf
     let report = out.join("report.md");
     files::write_atomic(&report, md.as_bytes())?;
     Ok(report)
+}
+
+/// The seed statistics of a report: its groups of runs, each group's summaries per metric and
+/// the comparisons between groups.
+pub struct SeedStatistics {
+    pub groups: Vec<seeds::Group>,
+    pub summaries: Vec<seeds::SeedSummary>,
+    pub comparisons: Vec<seeds::Comparison>,
+}
+
+/// The seed statistics over `runs` as [`write`] reports them ([`SEED_METRICS`], grouped
+/// without the `ignored` keys).
+pub fn seed_statistics(runs: &[RunData], ignored: &[String]) -> SeedStatistics {
+    let seed_runs: Vec<seeds::SeedRun> =
+        runs.iter().map(|run| seeds::SeedRun { name: run.name.clone(), config: run.config_json() }).collect();
+    let groups = seeds::groups(&seed_runs, ignored);
+    let metrics: Vec<seeds::MetricValues> = SEED_METRICS
+        .iter()
+        .map(|&(name, read)| seeds::MetricValues { name, values: runs.iter().map(read).collect() })
+        .collect();
+    let (summaries, comparisons) = seeds::statistics(&metrics, &groups);
+    SeedStatistics { groups, summaries, comparisons }
 }
 
 /// Writes a CSV made by [`files::csv_of`] to `path`, atomically.
@@ -407,7 +453,7 @@ fn markdown(runs: &[RunData]) -> String {
                 m.deterministic,
                 m.started,
                 m.finished.as_deref().unwrap_or("-"),
-                run.dir.display()
+                run.shown_dir.display()
             );
         }
         md.push_str(
@@ -460,7 +506,7 @@ fn markdown(runs: &[RunData]) -> String {
                 "### The best checkpoint on the validation split\n\n\
                  Evaluated again at the end of training, as `rtrain eval` does (`{}`): every image's \
                  result is in `predictions.csv` there.\n\n```text\n{}```\n",
-                RunPaths::new(&run.dir).evaluation().display(),
+                RunPaths::new(&run.shown_dir).evaluation().display(),
                 evaluation.describe()
             );
             for (figure, what) in [
