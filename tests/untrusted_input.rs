@@ -117,7 +117,10 @@ fn every_numeric_setting_refuses_a_value_far_outside_its_range() {
 #[test]
 fn a_run_name_cannot_leave_the_run_directory() {
     let dir = tempfile::tempdir().unwrap();
-    for name in ["../../x", "a/b", "..", "."] {
+    // Named after the test's own directory, so that nothing else on the machine is mistaken
+    // for the escaped run.
+    let escaped = format!("{}-escaped", dir.path().file_name().unwrap().to_string_lossy());
+    for name in [format!("../../{escaped}"), "a/b".into(), "..".into(), ".".into()] {
         let output = common::rtrain(dir.path())
             .args(["train", "--set", &format!("run.name={name:?}"), "--set", "train.epochs=1"])
             .output()
@@ -125,7 +128,7 @@ fn a_run_name_cannot_leave_the_run_directory() {
         assert_eq!(output.status.code(), Some(2), "run.name = {name:?}: {}", text(&output.stderr));
         assert!(text(&output.stderr).contains("run.name"), "{}", text(&output.stderr));
     }
-    assert!(!dir.path().join("runs").exists() && !dir.path().parent().unwrap().join("x").exists());
+    assert!(!dir.path().join("runs").exists() && !dir.path().parent().unwrap().join(&escaped).exists());
 }
 
 /// Case 11: `RTRAIN_OPTIM_LR` (one underscore) was ignored in silence. It is still not a

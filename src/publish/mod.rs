@@ -357,16 +357,17 @@ fn copy_run(source: &Path, root: &Path, name: String) -> Result<BundledRun, Publ
     Ok(BundledRun { name, source: source.to_path_buf(), manifest, evaluation, files: copied })
 }
 
-/// Refuses a bundle path that SHA256SUMS or an RO-Crate identifier could not hold as it is.
+/// Refuses a bundle path that SHA256SUMS or an RO-Crate identifier could not hold as it is,
+/// or that would leave the bundle (a manifest from elsewhere may name `../../x` as weights).
 fn check_listable(bundle_path: &str, source: &Path) -> Result<(), PublishError> {
-    let plain = bundle_path.chars().all(|c| c.is_ascii_alphanumeric() || "._-/+".contains(c));
-    match plain {
-        true => Ok(()),
-        false => Err(PublishError::Unlistable {
-            path: source.to_path_buf(),
-            problem: "a file name with characters other than letters, digits and ._-+: not published",
-        }),
+    let refuse = |problem| Err(PublishError::Unlistable { path: source.to_path_buf(), problem });
+    if !bundle_path.chars().all(|c| c.is_ascii_alphanumeric() || "._-/+".contains(c)) {
+        return refuse("a file name with characters other than letters, digits and ._-+: not published");
     }
+    if bundle_path.split('/').any(|part| part.is_empty() || part == "." || part == "..") {
+        return refuse("a path with an empty, `.` or `..` part (or a leading /): it would leave the bundle");
+    }
+    Ok(())
 }
 
 /// Copies the regular file `from` to `to` (a new file), hashing what it copies, and flushes it
@@ -487,6 +488,17 @@ mod tests {
         assert_eq!(names, ["lr0.01-s1", "my_run__2_", "_.hidden"]);
         let clash = bundle_names(&[make("a b"), make("a_b")]).unwrap_err();
         assert!(clash.to_string().contains("runs/a_b"), "{clash}");
+    }
+
+    #[test]
+    fn bundle_paths_stay_inside_the_bundle() {
+        let listable = |path: &str| check_listable(path, Path::new(path)).is_ok();
+        assert!(listable("runs/a-1/checkpoints/best.safetensors"));
+        for path in
+            ["runs/a/../../../etc/passwd", "/etc/passwd", "runs//x", "runs/./x", "runs/a b", "runs/a\\b"]
+        {
+            assert!(!listable(path), "{path}");
+        }
     }
 
     #[test]

@@ -165,6 +165,9 @@ impl Comparison {
         let ((n_a, mean_a, se2_a), (n_b, mean_b, se2_b)) = (moments(a), moments(b));
         let se = (se2_a + se2_b).sqrt();
         let df = (se2_a + se2_b).powi(2) / (se2_a.powi(2) / (n_a - 1.0) + se2_b.powi(2) / (n_b - 1.0));
+        // Two groups without spread give 0/0; SciPy's ttest_ind takes 1 degree of freedom
+        // then (its `_unequal_var_ttest_denom`), and so does this, to report as it does.
+        let df = if df.is_nan() { 1.0 } else { df };
         let difference = mean_a - mean_b;
         let t = difference / se;
         let half = t_quantile(df) * se;
@@ -237,6 +240,17 @@ mod tests {
         assert!((s.ci_high - (0.6 + half)).abs() < 1e-9, "{s:?}");
         assert_eq!((s.min, s.max, s.n), (0.5, 0.7, 3));
         assert!(SeedSummary::of("g", "m", &[0.5]).sd.is_nan());
+    }
+
+    /// Seeds that agree exactly (a small validation split): the interval is the mean, and two
+    /// such groups compare as SciPy's `ttest_ind(equal_var=False)` reports them (t inf, df 1,
+    /// p 0, interval [0.25, 0.25] for these values, from SciPy 1.16.3).
+    #[test]
+    fn groups_without_spread() {
+        let summary = SeedSummary::of("a", "top1", &[0.5, 0.5, 0.5]);
+        assert_eq!((summary.sd, summary.ci_low, summary.ci_high), (0.0, 0.5, 0.5));
+        let c = Comparison::welch("top1", ("a", &[0.5, 0.5, 0.5]), ("b", &[0.25, 0.25, 0.25]));
+        assert_eq!((c.t, c.df, c.p, c.ci_low, c.ci_high), (f64::INFINITY, 1.0, 0.0, 0.25, 0.25));
     }
 
     #[test]
