@@ -34,6 +34,9 @@ pub const MODEL_CARD: &str = "MODEL_CARD.md";
 pub const CITATION: &str = "CITATION.cff";
 pub const CRATE_METADATA: &str = "ro-crate-metadata.json";
 pub const CHECKSUMS: &str = "SHA256SUMS";
+/// The largest SHA256SUMS or ro-crate-metadata.json read back (a bundle of tens of thousands
+/// of data files lists them in well under this).
+const LISTING_LIMIT: u64 = 256 << 20;
 /// Where the runs and the report over them are, inside the bundle.
 const RUNS_DIR: &str = "runs";
 const REPORT_DIR: &str = "report";
@@ -223,13 +226,12 @@ pub fn publish(runs: &[PathBuf], out: &Path, authorship: Authorship) -> Result<B
 /// recorded, or when the bundle holds a file the RO-Crate does not describe.
 pub fn seal(dir: &Path) -> Result<usize, PublishError> {
     let not_a_bundle = |problem: String| PublishError::NotABundle { path: dir.join(CRATE_METADATA), problem };
-    let bytes = files::read_regular(&dir.join(CRATE_METADATA), 256 << 20)
+    let bytes = files::read_regular(&dir.join(CRATE_METADATA), LISTING_LIMIT)
         .map_err(|source| PublishError::Io { path: dir.join(CRATE_METADATA), source })?;
     let mut metadata: serde_json::Value =
         serde_json::from_slice(&bytes).map_err(|e| not_a_bundle(format!("not JSON: {e}")))?;
     let mut actual = std::collections::BTreeMap::new();
-    for path in list_files(dir)? {
-        let relative = path.strip_prefix(dir).unwrap_or(&path).to_string_lossy().into_owned();
+    for (relative, path) in list_files(dir, dir)? {
         if relative != CHECKSUMS && relative != CRATE_METADATA {
             check_listable(&relative, &path)?;
             actual.insert(relative, files::sha256_file(&path)?);
@@ -404,8 +406,7 @@ fn write_file(root: &Path, name: &str, bytes: &[u8]) -> Result<BundleFile, Publi
 /// Every regular file under `root/dir`, hashed, in path order.
 fn hash_tree(root: &Path, dir: &str) -> Result<Vec<BundleFile>, PublishError> {
     let mut found = Vec::new();
-    for path in list_files(&root.join(dir))? {
-        let relative = path.strip_prefix(root).unwrap_or(&path).to_string_lossy().into_owned();
+    for (relative, path) in list_files(root, &root.join(dir))? {
         check_listable(&relative, &path)?;
         let sha256 = files::sha256_file(&path)?;
         let bytes =
@@ -415,11 +416,12 @@ fn hash_tree(root: &Path, dir: &str) -> Result<Vec<BundleFile>, PublishError> {
     Ok(found)
 }
 
-/// The files under `dir`, recursively, sorted (symbolic links and other non-files included, so
-/// that the caller can refuse them).
-fn list_files(dir: &Path) -> Result<Vec<PathBuf>, PublishError> {
+/// The files under `start` (a directory inside `root`), recursively, sorted, each with its name
+/// relative to `root` ('/'-separated, as bundle paths are written). Symbolic links and other
+/// non-files are included, so that the caller can refuse them.
+fn list_files(root: &Path, start: &Path) -> Result<Vec<(String, PathBuf)>, PublishError> {
     let mut found = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
+    let mut pending = vec![start.to_path_buf()];
     while let Some(dir) = pending.pop() {
         let entries =
             std::fs::read_dir(&dir).map_err(|source| PublishError::Io { path: dir.clone(), source })?;
@@ -433,14 +435,16 @@ fn list_files(dir: &Path) -> Result<Vec<PathBuf>, PublishError> {
         }
     }
     found.sort();
-    Ok(found)
+    Ok(found
+        .into_iter()
+        .map(|path| (path.strip_prefix(root).unwrap_or(&path).to_string_lossy().into_owned(), path))
+        .collect())
 }
 
 /// Writes SHA256SUMS: every other file of the bundle, as `sha256sum` writes and checks it.
 fn write_checksums(root: &Path) -> Result<(), PublishError> {
     let mut listing = String::new();
-    for path in list_files(root)? {
-        let relative = path.strip_prefix(root).unwrap_or(&path).to_string_lossy().into_owned();
+    for (relative, path) in list_files(root, root)? {
         if relative == CHECKSUMS {
             continue;
         }
@@ -458,7 +462,7 @@ fn make_readable(root: &Path) -> Result<(), PublishError> {
             .map_err(|source| PublishError::Io { path: path.to_path_buf(), source })
     };
     let mut dirs: BTreeSet<PathBuf> = BTreeSet::from([root.to_path_buf()]);
-    for file in list_files(root)? {
+    for (_, file) in list_files(root, root)? {
         set(&file, 0o644)?;
         let mut parent = file.parent();
         while let Some(dir) = parent.filter(|dir| dir.starts_with(root)) {

@@ -163,8 +163,11 @@ fn file_entity(file: &BundleFile) -> Value {
     entity
 }
 
+/// What a file is, by its extension: the bundle's own files, and the data's photos and
+/// WebDataset shards.
 fn media_type(name: &str) -> &'static str {
-    match name.rsplit_once('.').map(|(_, extension)| extension) {
+    let extension = name.rsplit_once('.').map(|(_, extension)| extension.to_ascii_lowercase());
+    match extension.as_deref() {
         Some("md") => "text/markdown",
         Some("json") => "application/json",
         Some("jsonl") => "application/jsonl",
@@ -172,20 +175,10 @@ fn media_type(name: &str) -> &'static str {
         Some("csv") => "text/csv",
         Some("svg") => "image/svg+xml",
         Some("png") => "image/png",
+        Some("jpg" | "jpeg") => "image/jpeg",
+        Some("tar") => "application/x-tar",
         Some("cff") => "application/x-yaml",
         // safetensors (a JSON header and the raw tensors), TensorBoard's event files.
-        _ => "application/octet-stream",
-    }
-}
-
-/// What a data file is, by its extension (photos, or WebDataset's tar shards).
-fn data_media_type(path: &str) -> &'static str {
-    let extension = path.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase());
-    match extension.as_deref() {
-        Some("jpg" | "jpeg") => "image/jpeg",
-        Some("png") => "image/png",
-        Some("tar") => "application/x-tar",
-        Some("json") => "application/json",
         _ => "application/octet-stream",
     }
 }
@@ -220,8 +213,7 @@ fn describe(path: &str, name: &str) -> Option<&'static str> {
 /// The rtrain that trained a run.
 fn software_of(manifest: &Manifest) -> Value {
     let binary = manifest.software.rtrain_sha256.as_deref();
-    let mut details = vec![format!("rtrain {} (git {})", manifest.rtrain_version, manifest.git_revision)];
-    details.push(format!("libtorch {}", manifest.software.libtorch));
+    let mut details = vec![format!("libtorch {}", manifest.software.libtorch)];
     if let Some(sha) = binary {
         details.push(format!("binary sha256 {sha}"));
     }
@@ -234,32 +226,28 @@ fn software_of(manifest: &Manifest) -> Value {
             container.image_digest.as_deref().map_or(String::new(), |digest| format!(" (digest {digest})"))
         ));
     }
-    let mut entity = json!({
-        "@id": software_id(&manifest.git_revision, binary),
-        "@type": "SoftwareApplication",
-        "name": "rtrain",
-        "url": env!("CARGO_PKG_REPOSITORY"),
-        "softwareVersion": manifest.rtrain_version,
-        "description": details.join("; "),
-        "identifier": format!("git:{}", manifest.git_revision),
-    });
-    if let Some(sha) = binary {
-        entity["sha256"] = json!(sha);
-    }
-    entity
+    software(&manifest.rtrain_version, &manifest.git_revision, binary, &details)
 }
 
 /// The rtrain writing the bundle (its report).
 fn publishing_software() -> Value {
     let binary = crate::util::files::sha256_file(std::path::Path::new("/proc/self/exe")).ok();
+    software(env!("CARGO_PKG_VERSION"), manifest::GIT_REVISION, binary.as_deref(), &[])
+}
+
+/// An rtrain build as a `SoftwareApplication`: its version, git revision and binary sha256,
+/// and what else is known of how it ran (`details`, into its description).
+fn software(version: &str, revision: &str, binary: Option<&str>, details: &[String]) -> Value {
+    let description =
+        std::iter::once(format!("rtrain {version} (git {revision})")).chain(details.iter().cloned());
     let mut entity = json!({
-        "@id": software_id(manifest::GIT_REVISION, binary.as_deref()),
+        "@id": software_id(revision, binary),
         "@type": "SoftwareApplication",
         "name": "rtrain",
         "url": env!("CARGO_PKG_REPOSITORY"),
-        "softwareVersion": env!("CARGO_PKG_VERSION"),
-        "description": format!("rtrain {} (git {})", env!("CARGO_PKG_VERSION"), manifest::GIT_REVISION),
-        "identifier": format!("git:{}", manifest::GIT_REVISION),
+        "softwareVersion": version,
+        "description": description.collect::<Vec<_>>().join("; "),
+        "identifier": format!("git:{revision}"),
     });
     if let Some(sha) = binary {
         entity["sha256"] = json!(sha);
@@ -334,7 +322,7 @@ fn data_entities(split: &DataSplit) -> Vec<Value> {
             "@type": "File",
             "alternateName": path,
             "sha256": sha256,
-            "encodingFormat": data_media_type(path),
+            "encodingFormat": media_type(path),
         }));
     }
     entities

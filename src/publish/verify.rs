@@ -9,13 +9,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::{list_files, PublishError, CHECKSUMS, CRATE_METADATA, RUNS_DIR};
+use super::{list_files, PublishError, CHECKSUMS, CRATE_METADATA, LISTING_LIMIT, RUNS_DIR};
 use crate::run_dir::manifest::{Finding, Manifest};
 use crate::util::files;
-
-/// The largest SHA256SUMS or ro-crate-metadata.json read (a bundle of tens of thousands of
-/// data files lists them in well under this).
-const LISTING_LIMIT: u64 = 256 << 20;
 
 /// Whether `dir` is a publication bundle (it has an RO-Crate's metadata file) rather than a
 /// run directory.
@@ -68,8 +64,7 @@ pub fn verify(dir: &Path) -> Result<Vec<Finding>, PublishError> {
     }
     let listed: BTreeSet<&String> = actual.keys().collect();
     // Files the listing leaves out.
-    for path in list_files(dir)? {
-        let relative = path.strip_prefix(dir).unwrap_or(&path).to_string_lossy().into_owned();
+    for (relative, path) in list_files(dir, dir)? {
         if relative != CHECKSUMS && !listed.contains(&relative) {
             findings
                 .push(Finding::Mismatch(format!("{}: in the bundle but not in {CHECKSUMS}", path.display())));
@@ -98,13 +93,17 @@ fn crate_findings(dir: &Path, metadata: &Value, actual: &BTreeMap<String, String
             continue;
         }
         let file = dir.join(id);
-        match actual.get(id) {
-            None => findings.push(Finding::Missing(format!("{}: named by {CRATE_METADATA}", file.display()))),
-            Some(found) if found != recorded => findings.push(Finding::Mismatch(format!(
+        // Only files SHA256SUMS lists (plain paths inside the bundle) are looked at.
+        let Some(found) = actual.get(id) else {
+            findings.push(Finding::Missing(format!("{}: named by {CRATE_METADATA}", file.display())));
+            continue;
+        };
+        match found == recorded {
+            true => checked += 1,
+            false => findings.push(Finding::Mismatch(format!(
                 "{}: sha256 {found}, {CRATE_METADATA} says {recorded}",
                 file.display()
             ))),
-            Some(_) => checked += 1,
         }
         let size = std::fs::metadata(&file).map(|m| m.len()).ok();
         let recorded_size =
