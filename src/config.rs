@@ -152,6 +152,14 @@ pub enum EvalGeometry {
     Resize,
 }
 
+/// `data.sampler`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SamplerKind {
+    Shuffle,
+    Balanced,
+}
+
 /// `data.on_bad_sample`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -211,6 +219,13 @@ pub struct DataConfig {
     pub hflip: bool,
     /// Drop the last partial training batch (keeps BatchNorm statistics sane).
     pub drop_last: bool,
+    /// Which training samples an epoch visits: `shuffle` (each once, in a seeded order) or
+    /// `balanced` (drawn with replacement, each class equally often: PyTorch's
+    /// `WeightedRandomSampler` with weights `1 / count_c`).
+    pub sampler: SamplerKind,
+    /// Samples drawn per epoch by the `balanced` sampler (over all ranks); 0: as many as the
+    /// training split holds.
+    pub samples_per_epoch: usize,
     /// Decode JPEGs at 1/2, 1/4 or 1/8 scale in the DCT domain (Pillow's `draft`) when the
     /// network's input still gets at least as many pixels: several times faster on camera
     /// photos; the pixels differ slightly from torchvision's full decode (false keeps them equal).
@@ -387,6 +402,76 @@ pub struct TrainConfig {
     pub channels_last: bool,
     /// auto (this rank's GPU when it sees one, else the CPU), cpu or cuda.
     pub device: DeviceSetting,
+    /// Micro-batches of `data.batch_size` per optimizer step: their gradients add up locally
+    /// and are averaged over the ranks once, on the last (as DDP's `no_sync`), so a step sees
+    /// `batch_size x ranks x accumulate` images.
+    pub accumulate: u32,
+    /// The cross-entropy's per-class weights (PyTorch's `weight=`): `"none"`, `"balanced"`
+    /// (scikit-learn's `n_samples / (n_classes * count_c)` over the training split), or one
+    /// weight per class in class order.
+    pub class_weights: ClassWeights,
+    /// Stop when a validation metric has not improved for `patience` epochs.
+    pub early_stopping: EarlyStoppingConfig,
+}
+
+/// `train.class_weights`: a rule or one weight per class.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ClassWeights {
+    Rule(ClassWeightRule),
+    PerClass(Vec<f64>),
+}
+
+/// The named `train.class_weights`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClassWeightRule {
+    /// Every class weighs 1 (the plain cross-entropy).
+    None,
+    /// `n_samples / (n_classes * count_c)`: each class weighs as much in all as any other.
+    Balanced,
+}
+
+/// `train.early_stopping`: Lightning's `EarlyStopping(monitor, mode, patience, min_delta)`,
+/// checked after each epoch's evaluation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EarlyStoppingConfig {
+    /// The validation metric watched; `none` never stops early.
+    pub metric: StopMetric,
+    /// `min` (lower is better), `max`, or `auto`: `min` for `val_loss`, else `max`.
+    pub mode: StopMode,
+    /// Epochs without an improvement after which training stops.
+    pub patience: u32,
+    /// How much better than the best so far a value must be to count as an improvement.
+    pub min_delta: f64,
+}
+
+/// The validation metrics early stopping can watch (as `metrics.jsonl` names them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopMetric {
+    None,
+    ValLoss,
+    ValTop1,
+    ValMacroF1,
+    ValBalancedAccuracy,
+    ValQuadraticKappa,
+}
+
+/// `train.early_stopping.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopMode {
+    Auto,
+    Min,
+    Max,
+}
+
+impl Default for EarlyStoppingConfig {
+    fn default() -> Self {
+        EarlyStoppingConfig { metric: StopMetric::None, mode: StopMode::Auto, patience: 3, min_delta: 0.0 }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -477,6 +562,8 @@ impl Default for DataConfig {
             ratio: [3.0 / 4.0, 4.0 / 3.0],
             hflip: true,
             drop_last: true,
+            sampler: SamplerKind::Shuffle,
+            samples_per_epoch: 0,
             jpeg_draft: true,
             exif_orientation: true,
             max_image_pixels: crate::data::decode::DEFAULT_MAX_IMAGE_PIXELS,
@@ -549,6 +636,9 @@ impl Default for TrainConfig {
             precision: PrecisionSetting::Auto,
             channels_last: true,
             device: DeviceSetting::Auto,
+            accumulate: 1,
+            class_weights: ClassWeights::Rule(ClassWeightRule::None),
+            early_stopping: EarlyStoppingConfig::default(),
         }
     }
 }
@@ -648,18 +738,17 @@ impl LoadedConfig {
 
     /// The resolved configuration as TOML, each value annotated with where it came from.
     pub fn show(&self) -> Result<String, ConfigError> {
-        let leaves = dotted_leaves(&self.config.to_toml()?);
-        let mut out = String::new();
-        let mut section = String::new();
-        for (key, rendered) in leaves {
-            let (head, leaf) = key.split_once('.').unwrap_or(("", key.as_str()));
-            if head != section {
-                section = head.to_string();
-                let _ = writeln!(out, "\n[{section}]");
-            }
+        // Grouped by table (`train`, `train.early_stopping`), so that each is written once.
+        let mut tables: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (key, rendered) in dotted_leaves(&self.config.to_toml()?) {
+            let (table, leaf) = key.rsplit_once('.').unwrap_or(("", key.as_str()));
             let origin =
                 self.figment.find_metadata(&key).map(describe_origin).unwrap_or_else(|| "default".into());
-            let _ = writeln!(out, "{leaf} = {rendered}  # {origin}");
+            tables.entry(table.to_string()).or_default().push(format!("{leaf} = {rendered}  # {origin}"));
+        }
+        let mut out = String::new();
+        for (table, lines) in tables {
+            let _ = writeln!(out, "\n[{table}]\n{}", lines.join("\n"));
         }
         Ok(out.trim_start().to_string())
     }
@@ -823,6 +912,27 @@ impl Config {
         check(t.epochs > 0, "train.epochs", "must be positive")?;
         check((0.0..1.0).contains(&t.label_smoothing), "train.label_smoothing", "must be in [0, 1)")?;
         check(t.log_every_steps > 0, "train.log_every_steps", "must be positive")?;
+        check(t.accumulate > 0, "train.accumulate", "must be at least 1")?;
+        if let ClassWeights::PerClass(weights) = &t.class_weights {
+            check(
+                !weights.is_empty()
+                    && weights.iter().all(|w| w.is_finite() && *w >= 0.0)
+                    && weights.iter().any(|w| *w > 0.0),
+                "train.class_weights",
+                "must be \"none\", \"balanced\" or one non-negative weight per class, not all zero",
+            )?;
+        }
+        check(
+            d.samples_per_epoch == 0 || d.sampler == SamplerKind::Balanced,
+            "data.samples_per_epoch",
+            "applies to data.sampler = \"balanced\" only (the shuffle visits every sample once)",
+        )?;
+        let e = &t.early_stopping;
+        check(
+            e.min_delta >= 0.0 && e.min_delta.is_finite(),
+            "train.early_stopping.min_delta",
+            "must be a non-negative number",
+        )?;
         check(self.checkpoint.keep_last > 0, "checkpoint.keep_last", "must be at least 1")?;
         check(
             is_one_directory_name(&self.run.name),
@@ -885,6 +995,10 @@ impl Config {
             ("train.threads", count(t.threads), 0.0..=1024.0),
             ("train.log_every_steps", t.log_every_steps as f64, 1.0..=1e12),
             ("train.max_steps_per_epoch", t.max_steps_per_epoch as f64, 0.0..=1e12),
+            ("train.accumulate", f64::from(t.accumulate), 1.0..=65536.0),
+            ("train.early_stopping.patience", f64::from(t.early_stopping.patience), 0.0..=100_000.0),
+            ("train.early_stopping.min_delta", t.early_stopping.min_delta, 0.0..=1e6),
+            ("data.samples_per_epoch", count(d.samples_per_epoch), 0.0..=1e12),
             ("checkpoint.every_epochs", f64::from(c.every_epochs), 0.0..=100_000.0),
             ("checkpoint.every_steps", c.every_steps as f64, 0.0..=1e12),
             ("checkpoint.keep_last", count(c.keep_last), 1.0..=10_000.0),
@@ -900,6 +1014,9 @@ impl Config {
         settings.extend(d.ratio.iter().map(|&v| ("data.ratio", v, 0.0..=100.0)));
         settings.extend(m.head_hidden.iter().map(|&w| ("model.head_hidden", count(w), 1.0..=65536.0)));
         settings.extend(o.betas.iter().map(|&v| ("optim.betas", v, 0.0..=1.0)));
+        if let ClassWeights::PerClass(weights) = &t.class_weights {
+            settings.extend(weights.iter().map(|&w| ("train.class_weights", w, 0.0..=1e6)));
+        }
         settings
     }
 

@@ -30,6 +30,16 @@ pub enum PlanError {
     Shim(#[from] ShimError),
     #[error("{dir}: {images} training images give rank {rank} of {world} no full batch of {batch}")]
     TooFewForRanks { dir: PathBuf, images: usize, rank: usize, world: usize, batch: usize },
+    #[error("{dir}: {images} training images give rank {rank} of {world} {batches} batch(es) of {batch} an epoch, fewer than one step of train.accumulate = {accumulate}")]
+    TooFewToAccumulate {
+        dir: PathBuf,
+        images: usize,
+        rank: usize,
+        world: usize,
+        batch: usize,
+        batches: u64,
+        accumulate: u64,
+    },
 }
 
 /// Where a run starts.
@@ -194,17 +204,28 @@ impl RunPlan {
         }
     }
 
-    /// The training batches of `epoch` this rank loads: `steps_per_epoch` of them (from
-    /// [`Self::steps_per_epoch`]), from batch `start` on (resuming mid-epoch), augmented with
-    /// randomness keyed by the run's seed and the epoch.
+    /// The training (micro-)batches of `epoch` this rank loads: `train.accumulate` for each of
+    /// the `steps_per_epoch` steps (from [`Self::steps_per_epoch`]), from step `start` on
+    /// (resuming mid-epoch), augmented with randomness keyed by the run's seed and the epoch.
     pub fn epoch_batches(&self, epoch: u32, steps_per_epoch: u64, start: u64) -> EpochBatches {
         let to_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        let accumulate = self.accumulate();
         EpochBatches {
             seed: self.config.run.seed,
             epoch: u64::from(epoch),
-            count: to_usize(steps_per_epoch),
-            start: to_usize(start),
+            count: to_usize(steps_per_epoch.saturating_mul(accumulate)),
+            start: to_usize(start.saturating_mul(accumulate)),
         }
+    }
+
+    /// Micro-batches per optimizer step, `train.accumulate`.
+    pub fn accumulate(&self) -> u64 {
+        u64::from(self.config.train.accumulate.max(1))
+    }
+
+    /// Images per optimizer step over all ranks: `data.batch_size x ranks x train.accumulate`.
+    pub fn global_batch_size(&self) -> usize {
+        self.config.data.batch_size * self.topology.world_size * self.accumulate() as usize
     }
 
     /// How gradients are averaged between ranks: the `[dist]` settings.
@@ -218,8 +239,10 @@ impl RunPlan {
         self.config.model.sync_batchnorm && !self.config.model.freeze_batchnorm
     }
 
-    /// Optimizer steps per epoch for a training split of `images` (`dir`, for the message):
-    /// this rank's batches ([`batches_per_epoch`]), capped by `train.max_steps_per_epoch`. Equal on every rank (the sampler gives every rank a shard
+    /// Optimizer steps per epoch when the sampler gives an epoch `images` samples (`dir`, the
+    /// split, for the message): this rank's batches ([`batches_per_epoch`]) divided by
+    /// `train.accumulate` (batches that do not fill a whole step are left out), capped by
+    /// `train.max_steps_per_epoch`. Equal on every rank (the sampler gives every rank a shard
     /// of the same length).
     pub fn steps_per_epoch(&self, images: usize, dir: &std::path::Path) -> Result<u64, PlanError> {
         let d = &self.config.data;
@@ -240,9 +263,28 @@ impl RunPlan {
                 batch: d.batch_size,
             });
         }
+        let accumulate = self.accumulate();
+        let steps = batches / accumulate;
+        if steps == 0 {
+            return Err(PlanError::TooFewToAccumulate {
+                dir: dir.to_path_buf(),
+                images,
+                rank: self.topology.rank,
+                world: self.topology.world_size,
+                batch: d.batch_size,
+                batches,
+                accumulate,
+            });
+        }
+        if batches % accumulate != 0 {
+            tracing::info!(
+                "each epoch's last {} batch(es) of {batches} on each rank fill no whole step of train.accumulate = {accumulate}: they are left out",
+                batches % accumulate
+            );
+        }
         Ok(match self.config.train.max_steps_per_epoch {
-            0 => batches,
-            cap => batches.min(cap),
+            0 => steps,
+            cap => steps.min(cap),
         })
     }
 }

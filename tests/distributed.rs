@@ -115,6 +115,64 @@ fn two_ranks_of_batch_b_equal_one_rank_of_batch_2b() {
     assert_eq!(summary(&two)["final_eval"]["confusion"], summary(&one)["final_eval"]["confusion"]);
 }
 
+/// Gradient accumulation (`train.accumulate`) and the class-balanced sampler keep that
+/// equality. 2 ranks of 4 images accumulating 2 micro-batches each, and the 2-rank run of 8 per
+/// rank re-run on 1 rank by `rtrain reproduce --ranks 1` (which accumulates 2 micro-batches of
+/// 8), take the steps 1 process of 16 takes: final weights within 1e-5. With `data.sampler =
+/// "balanced"`, 2 ranks of 8 equal 1 of 16 too (the union of the ranks' draws is the one
+/// process's), and land far from the shuffled run.
+#[test]
+fn accumulation_and_the_balanced_sampler_take_the_same_steps_at_any_world_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = synth(dir.path());
+    let settings = exact_settings(&data);
+    let two_ranks = |run: &str, extra: &[&str]| {
+        let mut command = mpirun(dir.path());
+        command.args(["-np", "2", rtrain_bin(), "train", "--run-dir", run]).args(&settings);
+        command.args(extra.iter().flat_map(|s| ["--set", s]));
+        run_ok(command, &format!("mpirun -np 2 {run}"));
+    };
+    let one_rank = |run: &str, extra: &[&str]| {
+        common::rtrain(dir.path())
+            .args(["train", "--run-dir", run])
+            .args(&settings)
+            .args(extra.iter().flat_map(|s| ["--set", s]))
+            .assert()
+            .success();
+    };
+    one_rank("one", &["data.batch_size=16"]);
+    two_ranks("two", &["data.batch_size=8"]);
+    two_ranks("two-accumulating", &["data.batch_size=4", "train.accumulate=2"]);
+    let output = common::rtrain(dir.path())
+        .args(["reproduce", "two", "--ranks", "1", "--out", "one-accumulating"])
+        .output()
+        .unwrap();
+    let output = common::assert_success(output, "rtrain reproduce two --ranks 1");
+    let verdict = String::from_utf8_lossy(&output.stdout);
+    assert!(verdict.trim_end().ends_with("\nreproduced"), "{verdict}");
+    one_rank("one-balanced", &["data.batch_size=16", "data.sampler=\"balanced\""]);
+    two_ranks("two-balanced", &["data.batch_size=8", "data.sampler=\"balanced\""]);
+
+    let path = |run: &str| dir.path().join(run);
+    let one = weights(&path("one"));
+    for run in ["two-accumulating", "one-accumulating"] {
+        let difference = max_abs_diff(&weights(&path(run)), &one);
+        assert!(difference < 1e-5, "{run} vs 1 x 16: max |diff| {difference:e}");
+        assert_eq!(summary(&path(run))["global_batch_size"], 16, "{run}");
+        assert_eq!(summary(&path(run))["global_steps"], 6, "{run}");
+    }
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(path("one-accumulating/manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(manifest["config"]["train"]["accumulate"], 2);
+    assert_eq!(manifest["job"]["global_batch_size"], 16);
+    let (balanced_one, balanced_two) = (weights(&path("one-balanced")), weights(&path("two-balanced")));
+    let same = max_abs_diff(&balanced_two, &balanced_one);
+    let other = max_abs_diff(&balanced_one, &one);
+    assert!(same < 1e-5, "balanced sampler, 2 x 8 vs 1 x 16: max |diff| {same:e}");
+    assert!(other > 1e-3, "the balanced draws should differ from the shuffle, got {other:e}");
+}
+
 /// SyncBatchNorm (`model.sync_batchnorm`) on the CPU: 2 ranks of batch 8 whose BatchNorm trains
 /// take the same steps as 1 process of batch 16 (weights and running statistics within 1e-5
 /// after 2 steps), while 2 ranks without it, each normalising its own 8 images, land far away.

@@ -99,11 +99,23 @@ fn rtrain_command(dir: &Path) -> Command {
     command
 }
 
+/// With the training choices whose state a resume must carry (issue 36): steps of 2
+/// accumulated micro-batches (the stop lands between steps), the class-balanced sampler's
+/// draws, class weights and early stopping's counters.
 #[test]
 fn a_single_process_stops_cleanly_on_sigterm_and_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let data = common::synth(dir.path(), 24, 4, 72);
-    let settings = settings(&data);
+    let mut settings = settings(&data);
+    for setting in [
+        "train.accumulate=2",
+        "data.sampler=\"balanced\"",
+        "train.class_weights=[1.0, 2.0, 1.0, 0.5]",
+        "train.early_stopping.metric=\"val_loss\"",
+        "train.early_stopping.patience=5",
+    ] {
+        settings.extend(["--set".to_string(), setting.to_string()]);
+    }
     let train = |run: &str, extra: &[&str]| {
         let mut command = rtrain_command(dir.path());
         command.args(["train", "--run-dir", run]).args(&settings).args(extra);

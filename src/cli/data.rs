@@ -78,6 +78,10 @@ pub struct SynthArgs {
     /// designsafe: every photo's sides times this (1 = full camera size; 0.1 for quick tests).
     #[arg(long, default_value_t = 1.0)]
     photo_scale: f64,
+    /// designsafe: how the photos of each split divide among C0, C2, C4, e.g. `70,20,10` (an
+    /// imbalanced set, as damage surveys are); default: evenly.
+    #[arg(long, value_delimiter = ',')]
+    class_shares: Vec<f64>,
 }
 
 impl SynthArgs {
@@ -88,6 +92,7 @@ impl SynthArgs {
                 train_images: self.train_images,
                 val_images: self.val_images,
                 photo_scale: self.photo_scale,
+                class_shares: self.class_shares.clone(),
             },
         };
         synth::SynthOptions {

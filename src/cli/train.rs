@@ -67,6 +67,11 @@ pub struct ReproduceArgs {
     /// Where the new run goes (default: RUN_DIR-reproduce).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Re-run on this many ranks (the job's size, e.g. `mpirun -np W`), keeping the original's
+    /// global batch: each rank accumulates `original ranks x train.accumulate / W`
+    /// micro-batches per step, so a run made on 8 GPUs can be checked on one.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub ranks: Option<u32>,
 }
 
 impl ReproduceArgs {
@@ -76,6 +81,7 @@ impl ReproduceArgs {
             original.as_ref().map_err(|e| anyhow!("{e}")).and_then(|m| recorded_config(m, &self.run_dir));
         job::run_in_job(loaded, exit_code, |config, comm| {
             let original = original.map_err(|e| anyhow!("{e}"))?;
+            let config = &on_ranks(config, &original, self.ranks, comm.topology().world_size)?;
             let compared = reproduce_as_rank(config, &comm, &original, &self.run_dir, self.epochs, self.out)?;
             let Some((out, verdict)) = compared else { return Ok(()) };
             for line in &verdict.lines {
@@ -102,6 +108,36 @@ fn recorded_config(manifest: &Manifest, run_dir: &Path) -> Result<Config> {
              was edited or damaged",
             run_dir.join("manifest.json").display(),
             manifest.config_hash
+        );
+    }
+    Ok(config)
+}
+
+/// The configuration a re-run on `ranks` ranks uses (`reproduce --ranks`): the original's, with
+/// `train.accumulate` making up for the ranks it lacks. The job must have that many ranks.
+fn on_ranks(config: &Config, original: &Manifest, ranks: Option<u32>, world_size: usize) -> Result<Config> {
+    let Some(ranks) = ranks.map(|r| r as usize) else { return Ok(config.clone()) };
+    if ranks != world_size {
+        bail!("--ranks {ranks}, but this job has {world_size} rank(s): start it with {ranks} (e.g. mpirun -np {ranks})");
+    }
+    let micro_batches = original.job.world_size * config.train.accumulate.max(1) as usize;
+    if micro_batches % ranks != 0 {
+        bail!(
+            "--ranks {ranks}: the original's steps are {micro_batches} micro-batches of {} ({} rank(s) x train.accumulate = {}), which do not divide among {ranks} ranks",
+            config.data.batch_size,
+            original.job.world_size,
+            config.train.accumulate
+        );
+    }
+    let mut config = config.clone();
+    config.train.accumulate = u32::try_from(micro_batches / ranks)?;
+    if config.train.accumulate != original.config.train.accumulate {
+        tracing::info!(
+            "re-running the {}-rank run on {ranks} rank(s), each accumulating {} micro-batch(es) of {} per step: the original's global batch of {}",
+            original.job.world_size,
+            config.train.accumulate,
+            config.data.batch_size,
+            micro_batches * config.data.batch_size
         );
     }
     Ok(config)

@@ -122,6 +122,8 @@ struct HookState {
     jobs: Option<Sender<BucketToReduce>>,
     /// Send buckets during backward as they fill (else all at `finish`: no overlap).
     overlap: bool,
+    /// Gradients accumulate locally: backward's ready reports are ignored (DDP's `no_sync`).
+    no_sync: bool,
     /// With NCCL: marks each bucket's gradients ready on the compute stream as it launches.
     gpu: Option<Arc<Nccl>>,
     /// The first error marking a bucket ready (on the backward thread); `finish` reports it.
@@ -143,6 +145,9 @@ pub struct SyncOptions {
 
 impl HookState {
     fn mark_ready(&mut self, index: usize) {
+        if self.no_sync {
+            return;
+        }
         if self.ready[index] {
             self.twice.get_or_insert(index);
             return;
@@ -246,6 +251,7 @@ impl GradSync {
             twice: None,
             jobs: Some(jobs),
             overlap,
+            no_sync: false,
             gpu,
             gpu_error: None,
         };
@@ -292,6 +298,12 @@ impl GradSync {
         for flat in &plan.flats {
             let _ = flat.shallow_clone().zero_();
         }
+    }
+
+    /// While set, backward adds into the gradients without reducing them (a micro-batch before
+    /// a step's last, as DDP's `no_sync()`); the backward after it is cleared reduces the sum.
+    pub fn set_no_sync(&mut self, no_sync: bool) {
+        self.lock().no_sync = no_sync;
     }
 
     /// Asks every rank to stop after this step: call after [`Self::zero_grad`], before backward.
@@ -575,5 +587,24 @@ mod tests {
         (&w * 3.0).sum(Kind::Float).backward();
         let err = sync.finish().unwrap_err().to_string();
         assert!(err.contains("shared.weight"), "{err}");
+    }
+
+    /// Micro-batches under `no_sync` add into the buckets without a report; the last backward
+    /// reduces their sum (a world of one: the sum itself), and is not "ready twice".
+    #[test]
+    fn no_sync_backwards_accumulate_into_the_next_reduction() {
+        let comm: Arc<dyn Communicator> = Arc::new(SingleProcess { topology: Topology::single() });
+        let w = Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let mut sync =
+            GradSync::new(comm, vec![("w".into(), w.shallow_clone())], options(25.0, true), Reducer::Mpi)
+                .unwrap();
+        sync.zero_grad();
+        sync.set_no_sync(true);
+        (&w * 2.0).sum(Kind::Float).backward();
+        (&w * 3.0).sum(Kind::Float).backward();
+        sync.set_no_sync(false);
+        (&w * 4.0).sum(Kind::Float).backward();
+        sync.finish().unwrap();
+        assert_eq!(Vec::<f32>::try_from(w.grad()).unwrap(), vec![9.0; 3]);
     }
 }

@@ -107,6 +107,22 @@ pub enum DataError {
     },
 }
 
+/// Every sample's label, in sample order.
+pub fn labels(dataset: &dyn Dataset) -> Vec<usize> {
+    (0..dataset.len()).filter_map(|index| dataset.label(index)).collect()
+}
+
+/// How many samples each class has, in class order.
+pub fn class_counts(dataset: &dyn Dataset) -> Vec<u64> {
+    let mut counts = vec![0u64; dataset.classes().len()];
+    for label in labels(dataset) {
+        if let Some(count) = counts.get_mut(label) {
+            *count += 1;
+        }
+    }
+    counts
+}
+
 /// A split of labelled images with random access by index.
 pub trait Dataset: Send + Sync {
     /// The directory the split was opened from (for messages).

@@ -1,9 +1,10 @@
 //! Which samples an epoch visits, in which order, and on which rank: a pure function of
 //! (seed, epoch, rank, world), so every process and every resumed run agrees on it without
-//! saved state or communication.
+//! saved state or communication. The whole epoch's order is drawn before the loader sees it,
+//! so it does not depend on the number of loader threads either.
 
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::util::seeds::{mix64, GOLDEN_GAMMA};
@@ -19,6 +20,65 @@ pub fn epoch_permutation(len: usize, seed: u64, epoch: u64) -> Vec<usize> {
     let mut order: Vec<usize> = (0..len).collect();
     order.shuffle(&mut ChaCha8Rng::seed_from_u64(epoch_seed(seed, epoch)));
     order
+}
+
+/// How an epoch's samples are chosen (`data.sampler`), over all ranks: [`rank_shard`] splits
+/// the epoch's order among them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Sampler {
+    /// Every sample once, in a seeded random order ([`epoch_permutation`]).
+    Shuffle { len: usize },
+    /// `draws` samples with replacement, each class equally likely and each sample equally
+    /// likely within its class: PyTorch's `WeightedRandomSampler(weights = 1 / count_c,
+    /// num_samples = draws, replacement = True)`. Classes without samples are never drawn.
+    Balanced { by_class: Vec<Vec<usize>>, draws: usize },
+}
+
+impl Sampler {
+    /// The balanced sampler of a split whose sample `i` has class `labels[i]`, drawing `draws`
+    /// samples an epoch (0: as many as there are samples).
+    pub fn balanced(labels: &[usize], classes: usize, draws: usize) -> Sampler {
+        let mut by_class = vec![Vec::new(); classes];
+        for (index, &label) in labels.iter().enumerate() {
+            if let Some(members) = by_class.get_mut(label) {
+                members.push(index);
+            }
+        }
+        by_class.retain(|members| !members.is_empty());
+        let draws = if draws == 0 { labels.len() } else { draws };
+        Sampler::Balanced { by_class, draws }
+    }
+
+    /// Samples per epoch, over all ranks.
+    pub fn len(&self) -> usize {
+        match self {
+            Sampler::Shuffle { len } => *len,
+            Sampler::Balanced { by_class, .. } if by_class.is_empty() => 0,
+            Sampler::Balanced { draws, .. } => *draws,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The samples of epoch `epoch`, in order, before they are split among the ranks.
+    pub fn epoch_order(&self, seed: u64, epoch: u64) -> Vec<usize> {
+        match self {
+            Sampler::Shuffle { len } => epoch_permutation(*len, seed, epoch),
+            Sampler::Balanced { by_class, .. } => {
+                // A stream of its own: the balanced draws do not reuse the shuffle's numbers.
+                let mut rng = ChaCha8Rng::seed_from_u64(epoch_seed(seed, epoch));
+                rng.set_stream(1);
+                (0..self.len())
+                    .map(|_| {
+                        let members = &by_class[rng.random_range(0..by_class.len())];
+                        members[rng.random_range(0..members.len())]
+                    })
+                    .collect()
+            }
+        }
+    }
 }
 
 /// What to do when the dataset does not divide evenly among the ranks. Either way every rank
@@ -98,6 +158,55 @@ mod tests {
             chunk.sort_unstable();
             assert_eq!(union, chunk, "step {step}");
         }
+    }
+
+    /// 70/20/10 classes: over 20 epochs of 1000 draws each class is drawn a third of the
+    /// time, within 4 standard deviations of the binomial; within a class, every sample is
+    /// drawn, about equally often; the shuffle would draw the classes 70/20/10.
+    #[test]
+    fn balanced_draws_each_class_equally_often() {
+        let labels: Vec<usize> = (0..1000)
+            .map(|i| {
+                if i < 700 {
+                    0
+                } else if i < 900 {
+                    1
+                } else {
+                    2
+                }
+            })
+            .collect();
+        let sampler = Sampler::balanced(&labels, 3, 0);
+        assert_eq!(sampler.len(), 1000, "0 draws: the split's size");
+        let (epochs, mut per_class, mut per_sample) = (20u64, [0f64; 3], vec![0u32; 1000]);
+        for epoch in 0..epochs {
+            let order = sampler.epoch_order(7, epoch);
+            assert_eq!(order.len(), 1000);
+            for index in order {
+                per_class[labels[index]] += 1.0;
+                per_sample[index] += 1;
+            }
+        }
+        let n = (epochs * 1000) as f64;
+        let sd = (n * (1.0 / 3.0) * (2.0 / 3.0)).sqrt();
+        for (class, count) in per_class.iter().enumerate() {
+            assert!((count - n / 3.0).abs() < 4.0 * sd, "class {class}: {count} of {n}");
+        }
+        // Class 2's 100 samples share a third of the draws: 66.7 each on average.
+        let rare = &per_sample[900..];
+        assert!(rare.iter().all(|&c| c > 30), "every rare sample is drawn: {rare:?}");
+        assert_eq!(sampler.epoch_order(7, 3), sampler.epoch_order(7, 3), "a function of (seed, epoch)");
+        assert_ne!(sampler.epoch_order(7, 3), sampler.epoch_order(7, 4));
+        assert_eq!(Sampler::balanced(&labels, 3, 250).epoch_order(7, 0).len(), 250);
+    }
+
+    #[test]
+    fn balanced_draws_skip_empty_classes() {
+        let sampler = Sampler::balanced(&[0, 0, 2, 2, 2], 4, 600);
+        let order = sampler.epoch_order(1, 0);
+        let zeros = order.iter().filter(|&&i| i < 2).count();
+        assert_eq!(order.len(), 600);
+        assert!((250..350).contains(&zeros), "classes 0 and 2 drawn equally, 1 and 3 never: {zeros}");
     }
 
     #[test]

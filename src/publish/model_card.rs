@@ -40,6 +40,33 @@ pub fn write(bundle: &Bundle) -> String {
 }
 
 /// A configuration value as the configuration file spells it (`adamw`, `plateau`).
+/// ", at most N epochs with early stopping on METRIC (patience P)" when early stopping is on.
+fn early_stopping(config: &crate::config::Config) -> String {
+    let stop = &config.train.early_stopping;
+    match stop.metric {
+        crate::config::StopMetric::None => String::new(),
+        metric => format!(" at most, early stopping on {} (patience {})", spelled(&metric), stop.patience),
+    }
+}
+
+/// The class-imbalance choices: the loss's class weights and the sampler, when not the default.
+fn imbalance(config: &crate::config::Config, class_weights: Option<&[f64]>) -> String {
+    let mut parts = String::new();
+    if let Some(weights) = class_weights {
+        let rounded: Vec<String> = weights.iter().map(|w| format!("{w:.4}")).collect();
+        let _ = write!(
+            parts,
+            ", class weights [{}] ({})",
+            rounded.join(", "),
+            spelled(&config.train.class_weights)
+        );
+    }
+    if config.data.sampler == crate::config::SamplerKind::Balanced {
+        parts.push_str(", class-balanced sampling with replacement");
+    }
+    parts
+}
+
 fn spelled<T: Serialize>(value: &T) -> String {
     match serde_json::to_value(value) {
         Ok(serde_json::Value::String(text)) => text,
@@ -95,16 +122,22 @@ fn model_details(md: &mut String, bundle: &Bundle) {
     let _ = writeln!(md, "- **Starting weights:** {start}.");
     let _ = writeln!(
         md,
-        "- **Training:** {} epochs, optimizer {} (learning rate {}, weight decay {}), schedule {}, batch {} per \
-         rank on {} rank(s), label smoothing {}, augmentation {}, precision {}; rtrain {} (git {}), libtorch {}.",
+        "- **Training:** {} epochs{}, optimizer {} (learning rate {}, weight decay {}), schedule {}, batch {} per \
+         rank on {} rank(s){}, label smoothing {}{}, augmentation {}, precision {}; rtrain {} (git {}), libtorch {}.",
         config.train.epochs,
+        early_stopping(config),
         spelled(&config.optim.name),
         config.optim.lr,
         config.optim.weight_decay,
         spelled(&config.schedule.kind),
         config.data.batch_size,
         software.job.world_size,
+        match config.train.accumulate {
+            1 => String::new(),
+            k => format!(" accumulating {k} micro-batches per step"),
+        },
         config.train.label_smoothing,
+        imbalance(config, software.class_weights.as_deref()),
         spelled(&config.data.augment_policy),
         spelled(&config.train.precision),
         software.rtrain_version,

@@ -78,7 +78,23 @@ pub struct CheckpointMeta {
     /// that is not a function of the step alone.
     #[serde(default)]
     pub plateau: Option<PlateauState>,
+    /// Early stopping's state (`train.early_stopping`), so that a resumed run stops after the
+    /// epoch the uninterrupted one would have.
+    #[serde(default)]
+    pub early_stopping: EarlyStoppingState,
     pub rtrain_version: String,
+}
+
+/// Where early stopping stands after the evaluations so far.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EarlyStoppingState {
+    /// The best value of the watched metric, and the epoch (1-based) it was reached after.
+    pub best: Option<f64>,
+    pub best_epoch: Option<u32>,
+    /// Evaluations since the last improvement.
+    pub bad_epochs: u32,
+    /// The watched metric's last value.
+    pub last: Option<f64>,
 }
 
 /// Where ReduceLROnPlateau stands, as torch keeps it (the scheduler is the training loop's; its
@@ -331,6 +347,7 @@ mod tests {
             best_val_top1: Some(0.6),
             epoch_totals: EpochTotals { loss_sum: 1.5, correct: 3, samples: 8, seconds: 0.25, skipped: 1 },
             plateau: Some(PlateauState { lr: 0.01, best: Some(0.5), num_bad_epochs: 2, cooldown_counter: 1 }),
+            early_stopping: Default::default(),
             rtrain_version: "0.1.0".into(),
         }
     }

@@ -62,6 +62,12 @@ pub struct Manifest {
     pub checkpoints: BTreeMap<String, String>,
     /// The final weights (`model.safetensors`) and their sha256, once written.
     pub weights: Option<FileHash>,
+    /// The loss's class weights as `train.class_weights` resolved them (None: all 1).
+    #[serde(default)]
+    pub class_weights: Option<Vec<f64>>,
+    /// Set when `train.early_stopping` ended the run before `train.epochs`.
+    #[serde(default)]
+    pub stopped_early: Option<crate::run_dir::records::EarlyStop>,
 }
 
 /// Every random stream and the seed it is derived from (all from `run.seed`).
@@ -185,6 +191,10 @@ pub struct JobRecord {
     pub hosts: Vec<String>,
     pub device: String,
     pub threads_per_rank: i32,
+    /// Images per optimizer step over all ranks: `data.batch_size x world_size x
+    /// train.accumulate` (0 in manifests from before it was recorded).
+    #[serde(default)]
+    pub global_batch_size: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -511,6 +511,7 @@ impl RunDir {
             manifest.weights =
                 Some(FileHash { path: self.paths.relative(&path), sha256: summary.weights_sha256.clone() });
             manifest.finished = Some(manifest::now());
+            manifest.stopped_early.clone_from(&summary.stopped_early);
             manifest.write(&self.paths)?;
         }
         summary.write(&self.paths.summary())?;
@@ -614,6 +615,7 @@ mod tests {
             best_val_top1: None,
             epoch_totals: EpochTotals::default(),
             plateau: None,
+            early_stopping: Default::default(),
             rtrain_version: "0.1.0".into(),
         }
     }

@@ -124,6 +124,33 @@ pub struct Summary {
     pub weights: PathBuf,
     pub weights_sha256: String,
     pub resumed_from: Option<PathBuf>,
+    /// Set when `train.early_stopping` ended the run before `train.epochs`.
+    pub stopped_early: Option<EarlyStop>,
+}
+
+/// Why early stopping ended a run, and when.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EarlyStop {
+    /// The last epoch trained (1-based).
+    pub epoch: u32,
+    /// The watched metric, as `metrics.jsonl` names it, and its value after `epoch`.
+    pub metric: String,
+    pub value: f64,
+    /// The best value and the epoch (1-based) it was reached after.
+    pub best: f64,
+    pub best_epoch: u32,
+    pub patience: u32,
+    pub min_delta: f64,
+}
+
+impl EarlyStop {
+    /// For the log: why the run stopped.
+    pub fn reason(&self) -> String {
+        format!(
+            "{} has not improved by more than {} for {} epoch(s): best {:.6} after epoch {}, {:.6} after epoch {}",
+            self.metric, self.min_delta, self.patience, self.best, self.best_epoch, self.value, self.epoch
+        )
+    }
 }
 
 fn one() -> usize {

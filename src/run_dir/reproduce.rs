@@ -83,12 +83,29 @@ pub fn compare(original: &Manifest, again: &Manifest, epochs: u32, world_size: u
             before.val_top1
         ));
     }
-    if (again.epochs.len() as u32) < epochs {
+    // Early stopping within the epochs re-run must end the re-run after the same epoch.
+    let stopped = |manifest: &Manifest| manifest.stopped_early.as_ref().map(|stop| stop.epoch);
+    let original_stop = stopped(original).filter(|&epoch| epoch <= epochs);
+    if original_stop != stopped(again) {
         reproduced = false;
-        lines.push(format!("the re-run recorded {} of {epochs} epochs", again.epochs.len()));
+        let describe = |stop: Option<u32>| {
+            stop.map_or("did not stop early".to_string(), |e| format!("stopped early after epoch {e}"))
+        };
+        lines.push(format!(
+            "early stopping: DIFF the re-run {}, the original {}",
+            describe(stopped(again)),
+            describe(original_stop)
+        ));
+    } else if let Some(epoch) = original_stop {
+        lines.push(format!("early stopping: ok   after epoch {epoch}, as the original"));
+    }
+    let expected_epochs = original_stop.unwrap_or(epochs);
+    if (again.epochs.len() as u32) < expected_epochs {
+        reproduced = false;
+        lines.push(format!("the re-run recorded {} of {expected_epochs} epochs", again.epochs.len()));
     }
 
-    let full_run = epochs == original.config.train.epochs;
+    let full_run = epochs == original.config.train.epochs || original_stop.is_some();
     if let (true, true, Some(before), Some(after)) = (full_run, exact, &original.weights, &again.weights) {
         let same = before.sha256 == after.sha256;
         reproduced &= same;

@@ -1,30 +1,34 @@
-//! One epoch of training steps: this rank's shard of the epoch's permutation through the
-//! loader, a step per batch, the step reports ([`super::progress`]), and the step checkpoints
-//! the policy asks for.
+//! One epoch of training steps: this rank's shard of the sampler's order through the loader, a
+//! step per `train.accumulate` batches, the step reports ([`super::progress`]), and the step
+//! checkpoints the policy asks for.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::progress::{StepDone, StepReporter};
+use super::step::MicroBatch;
 use super::trainer::{EpochStart, Trainer};
 use super::{policy, TrainError};
 use crate::cluster::signals::Preempted;
 use crate::cluster::watchdog;
 use crate::cluster::Communicator;
 use crate::data::dataset::Dataset;
-use crate::data::loader::Loader;
-use crate::data::sampler;
+use crate::data::loader::{Batch, Loader};
+use crate::data::sampler::{self, Sampler};
 use crate::model::Model;
 use crate::run_dir::checkpoint::EpochTotals;
 use crate::run_dir::RunDir;
 
-/// Trains epoch `epoch` from batch `start.batch` on (with `start.totals`, the sums of the steps
-/// before it, when resumed); returns this rank's sums of the epoch. Every rank calls it (each step is a
-/// collective, and so are the step reports and checkpoints).
+/// Trains epoch `epoch` from step `start.batch` on (with `start.totals`, the sums of the steps
+/// before it, when resumed) on the samples `sampler` chooses from `dataset`; returns this
+/// rank's sums of the epoch. Every rank calls it (each step is a collective, and so are the
+/// step reports and checkpoints).
+#[allow(clippy::too_many_arguments)]
 pub fn train_epoch(
     trainer: &mut Trainer<'_>,
     model: &Model,
     dataset: &Arc<dyn Dataset>,
+    sampler: &Sampler,
     comm: &dyn Communicator,
     out: &mut RunDir,
     start: EpochStart,
@@ -34,10 +38,12 @@ pub fn train_epoch(
     let plan = trainer.plan();
     let (config, topology) = (&plan.config, &plan.topology);
     let steps_per_epoch = trainer.steps_per_epoch();
-    let permutation = sampler::epoch_permutation(dataset.len(), config.run.seed, u64::from(epoch));
-    let order = sampler::rank_shard(&permutation, topology.rank, topology.world_size, config.dist.uneven);
+    let epoch_order = sampler.epoch_order(config.run.seed, u64::from(epoch));
+    let order = sampler::rank_shard(&epoch_order, topology.rank, topology.world_size, config.dist.uneven);
     let batches = plan.epoch_batches(epoch, steps_per_epoch, start.batch);
-    let loader = Loader::new(dataset.clone(), order, plan.train_transform(), batches, plan.train_loader());
+    let mut loader =
+        Loader::new(dataset.clone(), order, plan.train_transform(), batches, plan.train_loader());
+    let accumulate = plan.accumulate();
     let mut reporter = StepReporter::new(
         epoch,
         config.train.epochs,
@@ -49,22 +55,18 @@ pub fn train_epoch(
     // Training time includes waiting for the loader (what an epoch costs), not logging and
     // checkpoints.
     let mut mark = Instant::now();
-    // The loader yields the plan's batches of the epoch, from the resumed one on.
-    for (step_in_epoch, batch) in (start.batch + 1..).zip(loader) {
-        let batch = batch?;
-        for bad in &batch.skipped {
-            tracing::warn!("skipped an undecodable sample (data.on_bad_sample = skip): {bad}");
-        }
-        totals.skipped += batch.skipped.len() as u64;
-        if batch.indices.is_empty() {
-            // Every rank must take every step (the gradient all-reduce), so an empty batch
-            // cannot simply be passed over.
-            return Err(TrainError::EmptyBatch { step: step_in_epoch, dir: dataset.root().to_path_buf() });
-        }
+    // The loader yields the plan's batches of the epoch, from the resumed step's on.
+    for step_in_epoch in start.batch + 1..=steps_per_epoch {
+        let Some(step_batches) = next_step(&mut loader, accumulate, step_in_epoch, dataset, &mut totals)?
+        else {
+            break;
+        };
+        let micro_batches: Vec<MicroBatch<'_>> =
+            step_batches.iter().map(|b| MicroBatch { images: &b.images, labels: &b.labels }).collect();
         let lr = trainer.lr();
         watchdog::set_phase("a training step", trainer.steps() + 1);
-        let output = trainer.step(model, &batch.images, &batch.labels)?;
-        let samples = batch.indices.len() as u64;
+        let output = trainer.step(model, &micro_batches)?;
+        let samples = output.samples;
         totals.loss_sum += output.loss * samples as f64;
         totals.correct += output.correct;
         totals.samples += samples;
@@ -92,6 +94,33 @@ pub fn train_epoch(
     }
     reporter.finish();
     Ok(totals)
+}
+
+/// The `accumulate` batches of step `step_in_epoch` from the loader (None when it has no more),
+/// their skipped samples counted into `totals`.
+fn next_step(
+    loader: &mut Loader,
+    accumulate: u64,
+    step_in_epoch: u64,
+    dataset: &Arc<dyn Dataset>,
+    totals: &mut EpochTotals,
+) -> Result<Option<Vec<Batch>>, TrainError> {
+    let mut batches = Vec::with_capacity(usize::try_from(accumulate).unwrap_or(1));
+    for _ in 0..accumulate {
+        let Some(batch) = loader.next() else { return Ok(None) };
+        let batch = batch?;
+        for bad in &batch.skipped {
+            tracing::warn!("skipped an undecodable sample (data.on_bad_sample = skip): {bad}");
+        }
+        totals.skipped += batch.skipped.len() as u64;
+        if batch.indices.is_empty() {
+            // Every rank must take every step (the gradient all-reduce), so an empty batch
+            // cannot simply be passed over.
+            return Err(TrainError::EmptyBatch { step: step_in_epoch, dir: dataset.root().to_path_buf() });
+        }
+        batches.push(batch);
+    }
+    Ok(Some(batches))
 }
 
 /// Every rank agreed to stop after this step (a preemption signal reached one of them): rank

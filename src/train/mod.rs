@@ -2,14 +2,18 @@
 //! [`run`], which reads top to bottom with every collective called by name.
 //!
 //! Data parallelism: every rank starts from rank 0's weights, trains on its strided shard of
-//! each epoch's permutation with `data.batch_size` images per step, and averages gradients with
-//! the others after backward, so all ranks take identical steps. Only global rank 0 writes the
+//! each epoch's order (the sampler's) with `train.accumulate` micro-batches of
+//! `data.batch_size` images per step, and averages gradients with the others after the last
+//! backward, so all ranks take identical steps. Only global rank 0 writes the
 //! run directory ([`RunDir`]); metrics and evaluations are summed over ranks first.
 //!
 //! The parts: [`step`] (the one training step), [`trainer`] (optimizer, schedule, gradient sync
 //! and where training stands), [`epoch`] (one epoch of steps), [`progress`] (the step
-//! reports), [`eval`], [`policy`] (when to save and delete checkpoints) and [`optim`].
+//! reports), [`eval`], [`policy`] (when to save and delete checkpoints), [`optim`],
+//! [`class_weights`] (the loss's) and [`early_stop`].
 
+pub mod class_weights;
+pub mod early_stop;
 pub mod epoch;
 pub mod eval;
 pub mod optim;
@@ -29,7 +33,9 @@ use crate::cluster::nccl::NcclLibrary;
 use crate::cluster::signals::{self, Preempted};
 use crate::cluster::watchdog;
 use crate::cluster::{self, Communicator, DistError};
-use crate::data::dataset::{DataError, Dataset};
+use crate::config::SamplerKind;
+use crate::data::dataset::{self as dataset, DataError, Dataset};
+use crate::data::sampler::Sampler;
 use crate::data::shards::ShardError;
 use crate::model::weights::{self, HubFile, StartingWeights};
 use crate::model::{Model, ModelError};
@@ -85,6 +91,8 @@ pub enum TrainError {
     Dist(#[from] DistError),
     #[error(transparent)]
     Manifest(#[from] manifest::ManifestError),
+    #[error(transparent)]
+    ClassWeights(#[from] class_weights::ClassWeightsError),
     #[error("weights digest: cannot read tensor {name}: {source}")]
     Digest { name: String, source: tch::TchError },
     #[error("{when}: {what} is not finite (NaN or infinity): the run diverged, and nothing was saved from it; lower optim.lr")]
@@ -116,8 +124,10 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
         let comm = Arc::clone(comm);
         model.sync_batchnorm(Box::new(move |values| comm.all_reduce_sum_f64_in_model(values)));
     }
-    let steps_per_epoch = plan.steps_per_epoch(data.train.len(), data.train.root())?;
-    let mut trainer = Trainer::new(plan, &model, data.classes(), steps_per_epoch);
+    let sampler = data.train_sampler(plan);
+    let steps_per_epoch = plan.steps_per_epoch(sampler.len(), data.train.root())?;
+    let loss_weights = data.class_weights(plan)?;
+    let mut trainer = Trainer::new(plan, &model, data.classes(), steps_per_epoch, loss_weights.as_deref());
     let hosts = cluster::gather_strings(comm.as_ref(), &plan.topology.host);
     watchdog::set_hosts(hosts.clone());
     let mut out = RunDir::open(paths, plan.topology.is_root())?;
@@ -146,26 +156,38 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     out.start(&plan.config, resume_from.is_some().then_some((position.global_step, position.epoch)))?;
     if out.writes() {
         out.start_manifest(
-            run_manifest(plan, &data, started_at, hosts, starting_weights, comm.as_ref())?,
+            run_manifest(plan, &data, started_at, hosts, starting_weights, loss_weights, comm.as_ref())?,
             position.epoch,
         )?;
     }
     // From here every wait is a training-time one, NCCL's set-up included.
     watchdog::set_limit(Duration::from_secs_f64(plan.config.dist.timeout_s));
     trainer.join_gradient_sync(join_gradient_sync(plan, &model, comm)?);
-    log_start(plan, &data, steps_per_epoch, out.paths());
+    log_start(plan, &data, &sampler, steps_per_epoch, out.paths());
     signals::arm();
     for epoch in position.epoch..plan.last_epoch {
+        if trainer.stopped_early().is_some() {
+            break;
+        }
         let start = position.within(epoch, plan.topology.is_root());
-        let totals =
-            epoch::train_epoch(&mut trainer, &model, &data.train, comm.as_ref(), &mut out, start, epoch)?;
+        let totals = epoch::train_epoch(
+            &mut trainer,
+            &model,
+            &data.train,
+            &sampler,
+            comm.as_ref(),
+            &mut out,
+            start,
+            epoch,
+        )?;
         let totals = reduce_totals(comm.as_ref(), &totals);
         sync_buffers(comm.as_ref(), &model);
         watchdog::set_phase("evaluation", trainer.steps());
         let val = eval::evaluate_split(&model, &data.val, plan, comm.as_ref())?;
         watchdog::set_phase("checkpoint", trainer.steps());
         trainer.finish_epoch(&model, epoch, &totals, val, &mut out)?;
-        if trainer.stops_at_epoch_end() && epoch + 1 < plan.last_epoch {
+        let last = epoch + 1 == plan.last_epoch || trainer.stopped_early().is_some();
+        if trainer.stops_at_epoch_end() && !last {
             comm.barrier();
             let checkpoint = out.writes().then(|| out.paths().step_checkpoint(trainer.steps()));
             return Err(TrainError::Preempted(Preempted { global_step: trainer.steps(), checkpoint }));
@@ -240,6 +262,32 @@ impl Splits {
 
     pub fn classes(&self) -> &[String] {
         self.train.classes()
+    }
+
+    /// How the training split's samples are chosen each epoch (`data.sampler`).
+    pub fn train_sampler(&self, plan: &RunPlan) -> Sampler {
+        let d = &plan.config.data;
+        match d.sampler {
+            SamplerKind::Shuffle => Sampler::Shuffle { len: self.train.len() },
+            SamplerKind::Balanced => Sampler::balanced(
+                &dataset::labels(self.train.as_ref()),
+                self.classes().len(),
+                d.samples_per_epoch,
+            ),
+        }
+    }
+
+    /// The loss's class weights (`train.class_weights`), counted over the training split.
+    pub fn class_weights(&self, plan: &RunPlan) -> Result<Option<Vec<f64>>, TrainError> {
+        let counts = dataset::class_counts(self.train.as_ref());
+        let setting = &plan.config.train.class_weights;
+        let weights =
+            class_weights::resolve(setting, self.classes(), &counts, self.train.root().to_path_buf())?;
+        if let Some(weights) = &weights {
+            let rounded: Vec<f64> = weights.iter().map(|w| (w * 1e4).round() / 1e4).collect();
+            tracing::info!("class weights of the loss: {rounded:?} (training images per class {counts:?})");
+        }
+        Ok(weights)
     }
 }
 
@@ -380,6 +428,7 @@ fn run_manifest(
     started: String,
     hosts: Vec<String>,
     starting_weights: Option<StartingWeights>,
+    class_weights: Option<Vec<f64>>,
     comm: &dyn Communicator,
 ) -> Result<Manifest, TrainError> {
     let config = &plan.config;
@@ -419,7 +468,10 @@ fn run_manifest(
             hosts,
             device: format!("{:?}", plan.compute.device),
             threads_per_rank: plan.threads,
+            global_batch_size: plan.global_batch_size(),
         },
+        class_weights,
+        stopped_early: None,
         data: splits,
         starting_weights,
         started,
@@ -462,10 +514,14 @@ pub fn weights_digest(model: &Model) -> Result<String, TrainError> {
     Ok(hex::encode(hasher.finalize()))
 }
 
-fn log_start(plan: &RunPlan, data: &Splits, steps_per_epoch: u64, paths: &RunPaths) {
+fn log_start(plan: &RunPlan, data: &Splits, sampler: &Sampler, steps_per_epoch: u64, paths: &RunPaths) {
     let (config, topology) = (&plan.config, &plan.topology);
+    let drawn = match sampler {
+        Sampler::Shuffle { .. } => String::new(),
+        Sampler::Balanced { .. } => format!(", {} drawn per epoch class-balanced", sampler.len()),
+    };
     tracing::info!(
-        "training {} ({} classes) on {} images ({} val), {} epochs x {} steps, batch {} x {} ranks on {} nodes, {} threads per rank, run dir {}",
+        "training {} ({} classes) on {} images{drawn} ({} val), {} epochs x {} steps, batch {} x {} ranks x {} accumulated = {} on {} nodes, {} threads per rank, run dir {}",
         config.model.arch,
         data.classes().len(),
         data.train.len(),
@@ -474,6 +530,8 @@ fn log_start(plan: &RunPlan, data: &Splits, steps_per_epoch: u64, paths: &RunPat
         steps_per_epoch,
         config.data.batch_size,
         topology.world_size,
+        plan.accumulate(),
+        plan.global_batch_size(),
         topology.nodes,
         plan.threads,
         paths.root().display()

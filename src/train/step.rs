@@ -1,6 +1,7 @@
-//! The one training step — zero_grad, forward and loss (under autocast), backward,
-//! sync_gradients, optimizer step — used by `rtrain train` and by `rtrain bench step|agree`, so
-//! that what the benchmarks time and compare is what training runs.
+//! The one training step — zero_grad; forward, loss (under autocast) and backward for each
+//! micro-batch (`train.accumulate`); sync_gradients; optimizer step — used by `rtrain train`
+//! and by `rtrain bench step|agree`, so that what the benchmarks time and compare is what
+//! training runs.
 
 use tch::{Kind, Reduction, Tensor};
 
@@ -41,6 +42,14 @@ impl GradientSync {
         }
     }
 
+    /// Whether backward leaves the gradients on this rank (a micro-batch before the step's
+    /// last, as DDP's `no_sync`) or hands them to the all-reduce as they are final.
+    fn accumulate_locally(&mut self, locally: bool) {
+        if let GradientSync::AllReduce(sync) = self {
+            sync.set_no_sync(locally);
+        }
+    }
+
     /// Raises the stop flag for this step when this process was asked to stop.
     fn offer_stop(&mut self, asked: bool) {
         if let (GradientSync::AllReduce(sync), true) = (self, asked) {
@@ -58,54 +67,89 @@ impl GradientSync {
     }
 }
 
-/// What one step computed on this rank's batch.
+/// What one step computed on this rank's micro-batches.
 pub struct StepOutput {
-    /// The batch's mean loss.
+    /// The mean loss over the step's images on this rank.
     pub loss: f64,
-    /// Correct top-1 predictions in the batch.
+    /// Correct top-1 predictions among them.
     pub correct: u64,
-    /// The forward pass's logits (for comparisons between devices).
+    /// Images in the step's micro-batches.
+    pub samples: u64,
+    /// The last micro-batch's logits (for comparisons between devices).
     pub logits: Tensor,
     /// Some rank was asked to stop (a preemption signal) before this step: every rank stops
     /// after it.
     pub stop: bool,
 }
 
-/// The model, how it computes, and the loss's label smoothing: what a step needs besides the
-/// optimizer and the batch.
+/// The model, how it computes, and the loss's label smoothing and class weights: what a step
+/// needs besides the optimizer and the batches.
 pub struct StepContext<'a> {
     pub model: &'a Model,
     pub compute: &'a Compute,
     pub label_smoothing: f64,
+    /// `train.class_weights` as a float tensor on the model's device; None: all 1.
+    pub class_weights: Option<&'a Tensor>,
 }
 
-/// One optimisation step on `images`/`labels` (from the loader, on the CPU or pinned) at
-/// learning rate `lr`. A non-finite loss is an error ([`StepError::Diverged`]).
+/// One micro-batch: images and labels from the loader, on the CPU or pinned.
+#[derive(Clone, Copy)]
+pub struct MicroBatch<'a> {
+    pub images: &'a Tensor,
+    pub labels: &'a Tensor,
+}
+
+/// One optimisation step over `micro_batches` at learning rate `lr`: each micro-batch's loss,
+/// divided by their number, is backpropagated into the same gradients, which are averaged over
+/// the ranks once, after the last. With one micro-batch per rank, W ranks with K micro-batches
+/// each take the step W x K ranks with one each would. A non-finite loss is an error
+/// ([`StepError::Diverged`]).
 pub fn train_step(
     context: &StepContext<'_>,
     optimizer: &mut Optimizer,
     sync: &mut GradientSync,
-    images: &Tensor,
-    labels: &Tensor,
+    micro_batches: &[MicroBatch<'_>],
     lr: f64,
 ) -> Result<StepOutput, StepError> {
     let global_step = optimizer.steps();
     let torch = |source| StepError::Torch { global_step, source };
     sync.zero_grad(optimizer);
-    let asked = signals::requested().is_some();
-    sync.offer_stop(asked);
-    let labels = context.compute.labels(labels);
-    let (logits, loss) = forward_loss(context, images, &labels, global_step)?;
-    loss.f_backward().map_err(torch)?;
+    let scale = 1.0 / micro_batches.len().max(1) as f64;
+    let (mut loss_sum, mut correct, mut samples, mut asked, mut last_logits) = (0.0, 0i64, 0u64, false, None);
+    for (index, batch) in micro_batches.iter().enumerate() {
+        let last = index + 1 == micro_batches.len();
+        if last {
+            // The stop flag travels with the step's one all-reduce.
+            asked = signals::requested().is_some();
+            sync.offer_stop(asked);
+        }
+        sync.accumulate_locally(!last);
+        let labels = context.compute.labels(batch.labels);
+        let (logits, loss) = forward_loss(context, batch.images, &labels, global_step)?;
+        (&loss * scale).f_backward().map_err(torch)?;
+        let images = u64::try_from(labels.size().first().copied().unwrap_or(0)).unwrap_or(0);
+        let loss = loss.f_double_value(&[]).map_err(torch)?;
+        loss_sum += loss * images as f64;
+        samples += images;
+        correct +=
+            tch::no_grad(|| logits.argmax(-1, false).eq_tensor(&labels).sum(Kind::Int64).int64_value(&[]));
+        last_logits = Some(logits);
+    }
+    // Every rank takes part in the all-reduce before a diverged one reports it (the job then
+    // ends on the error; leaving first would make the others wait for it).
     let stop = sync.sync_gradients(asked)?;
     optimizer.step(lr)?;
-    let loss = loss.f_double_value(&[]).map_err(torch)?;
+    let loss = loss_sum / samples.max(1) as f64;
     if !loss.is_finite() {
         return Err(StepError::Diverged { global_step, loss });
     }
-    let correct =
-        tch::no_grad(|| logits.argmax(-1, false).eq_tensor(&labels).sum(Kind::Int64).int64_value(&[]));
-    Ok(StepOutput { loss, correct: u64::try_from(correct).unwrap_or(0), logits, stop })
+    Ok(StepOutput {
+        loss,
+        correct: u64::try_from(correct).unwrap_or(0),
+        samples,
+        logits: last_logits.unwrap_or_else(|| Tensor::zeros([0], (Kind::Float, tch::Device::Cpu))),
+        stop,
+    })
 }
 
 /// The logits and the batch's mean loss (with label smoothing), in the run's precision and
@@ -120,8 +164,19 @@ fn forward_loss(
     // Autocast covers the forward pass and the loss, not backward (as torch.autocast).
     let _autocast = context.compute.autocast()?;
     let logits = context.model.forward_t(&images, true);
-    let loss = logits
-        .f_cross_entropy_loss::<Tensor>(labels, None, Reduction::Mean, -100, context.label_smoothing)
+    let loss = cross_entropy(&logits, labels, context.label_smoothing, context.class_weights)
         .map_err(|source| StepError::Torch { global_step, source })?;
     Ok((logits, loss))
+}
+
+/// Training's loss: the batch's mean cross-entropy as PyTorch's `CrossEntropyLoss(weight=
+/// class_weights, label_smoothing=label_smoothing)` computes it (with weights, the mean divides
+/// by the sum of the true classes' weights).
+pub fn cross_entropy(
+    logits: &Tensor,
+    labels: &Tensor,
+    label_smoothing: f64,
+    class_weights: Option<&Tensor>,
+) -> Result<Tensor, tch::TchError> {
+    logits.f_cross_entropy_loss(labels, class_weights, Reduction::Mean, -100, label_smoothing)
 }

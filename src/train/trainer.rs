@@ -1,5 +1,6 @@
 //! What trains the model and remembers where training stands: the optimizer and its
-//! learning-rate schedule, the gradient sync, the best and last validation scores. It takes
+//! learning-rate schedule, the gradient sync, the loss's class weights, the best and last
+//! validation scores, early stopping. It takes
 //! steps, restores from a checkpoint, and describes itself for checkpoints and the summary.
 //! None of its methods is a collective except [`Trainer::step`] (through the gradient sync)
 //! and [`Trainer::checkpoint_mid_epoch`].
@@ -9,16 +10,17 @@ use std::time::Instant;
 
 use tch::Tensor;
 
+use super::early_stop::EarlyStopping;
 use super::optim::{Optimizer, Schedule};
 use super::policy;
-use super::step::{self, GradientSync, StepContext, StepOutput};
+use super::step::{self, GradientSync, MicroBatch, StepContext, StepOutput};
 use super::{reduce_totals, sync_buffers, Splits, TrainError};
 use crate::cluster::Communicator;
 use crate::model::Model;
 use crate::plan::RunPlan;
 use crate::run_dir::checkpoint::{self, CheckpointError, CheckpointMeta, EpochTotals, WeightsMeta};
 use crate::run_dir::records::EvalReport;
-use crate::run_dir::records::{EpochRecord, Summary};
+use crate::run_dir::records::{EarlyStop, EpochRecord, Summary};
 use crate::run_dir::RunDir;
 use crate::util::files;
 
@@ -69,11 +71,27 @@ pub struct Trainer<'a> {
     /// The ranks agreed to stop at an epoch's last step: stop once the epoch is evaluated and
     /// checkpointed (the same on every rank).
     stop_at_epoch_end: bool,
+    /// `train.class_weights` resolved, on the model's device.
+    class_weights: Option<Tensor>,
+    early_stopping: EarlyStopping,
+    /// Set once early stopping has ended training (the same on every rank).
+    stopped_early: Option<EarlyStop>,
 }
 
 impl<'a> Trainer<'a> {
-    pub fn new(plan: &'a RunPlan, model: &Model, classes: &[String], steps_per_epoch: u64) -> Trainer<'a> {
+    /// A trainer of `model` on `classes`, taking `steps_per_epoch` optimizer steps an epoch,
+    /// with the loss's `class_weights` (None: all 1).
+    pub fn new(
+        plan: &'a RunPlan,
+        model: &Model,
+        classes: &[String],
+        steps_per_epoch: u64,
+        class_weights: Option<&[f64]>,
+    ) -> Trainer<'a> {
         let config = &plan.config;
+        let class_weights = class_weights.map(|weights| {
+            Tensor::from_slice(weights).to_kind(tch::Kind::Float).to_device(plan.compute.device)
+        });
         Trainer {
             plan,
             optimizer: Optimizer::new(&config.optim, model.trainable()),
@@ -87,6 +105,9 @@ impl<'a> Trainer<'a> {
             trained_seconds: 0.0,
             final_eval: None,
             stop_at_epoch_end: false,
+            class_weights,
+            early_stopping: EarlyStopping::new(&config.train.early_stopping),
+            stopped_early: None,
         }
     }
 
@@ -117,6 +138,12 @@ impl<'a> Trainer<'a> {
         self.stop_at_epoch_end
     }
 
+    /// Set once early stopping has ended training: the epochs left are not trained. Equal on
+    /// every rank.
+    pub fn stopped_early(&self) -> Option<&EarlyStop> {
+        self.stopped_early.as_ref()
+    }
+
     /// Optimizer steps taken in all.
     pub fn steps(&self) -> u64 {
         self.optimizer.steps()
@@ -127,20 +154,21 @@ impl<'a> Trainer<'a> {
         self.schedule.lr(self.optimizer.steps())
     }
 
-    /// One training step at [`Self::lr`]. A collective with more than one rank.
+    /// One training step over `micro_batches` (`train.accumulate` of them) at [`Self::lr`]. A
+    /// collective with more than one rank.
     pub fn step(
         &mut self,
         model: &Model,
-        images: &Tensor,
-        labels: &Tensor,
+        micro_batches: &[MicroBatch<'_>],
     ) -> Result<StepOutput, TrainError> {
         let lr = self.lr();
         let context = StepContext {
             model,
             compute: &self.plan.compute,
             label_smoothing: self.plan.config.train.label_smoothing,
+            class_weights: self.class_weights.as_ref(),
         };
-        Ok(step::train_step(&context, &mut self.optimizer, &mut self.sync, images, labels, lr)?)
+        Ok(step::train_step(&context, &mut self.optimizer, &mut self.sync, micro_batches, lr)?)
     }
 
     /// Restores the model and the optimizer from `path`, refusing a checkpoint of another
@@ -175,6 +203,11 @@ impl<'a> Trainer<'a> {
         self.schedule.restore_plateau(meta.plateau.clone());
         self.last_val_top1 = meta.val_top1;
         self.best_val_top1 = meta.best_val_top1;
+        self.early_stopping.restore(meta.early_stopping.clone());
+        // A checkpoint taken as early stopping ended the run: nothing is left to train.
+        if meta.step_in_epoch == 0 {
+            self.stopped_early = self.early_stopping.stop_after(meta.epoch);
+        }
         tracing::info!(
             "resumed from {} at epoch {} step {} (global step {})",
             path.display(),
@@ -241,6 +274,7 @@ impl<'a> Trainer<'a> {
             best_val_top1: self.best_val_top1,
             epoch_totals: totals,
             plateau: self.schedule.plateau_state(),
+            early_stopping: self.early_stopping.state(),
             rtrain_version: env!("CARGO_PKG_VERSION").to_string(),
         };
         let tensors: Vec<(String, Tensor)> = model.state_dict().into_iter().collect();
@@ -307,15 +341,25 @@ impl<'a> Trainer<'a> {
         self.trained_seconds += totals.seconds;
         let top1 = record.val.top1;
         self.final_eval = Some(record.val.clone());
+        self.stopped_early = self.early_stopping.after_evaluation(epoch, &record.val);
         out.log_epoch(record)?;
         self.last_val_top1 = Some(top1);
         let is_best = policy::is_best(self.best_val_top1, top1);
         if is_best {
             self.best_val_top1 = Some(top1);
         }
+        if let Some(stop) = &self.stopped_early {
+            tracing::info!(
+                "early stopping after epoch {} of {}: {}",
+                epoch + 1,
+                config.train.epochs,
+                stop.reason()
+            );
+        }
         let actions = policy::after_epoch(&config.checkpoint, epoch, config.train.epochs, is_best);
-        // A stop at the epoch's end resumes from its checkpoint, whatever the policy says.
-        if actions.save || self.stop_at_epoch_end {
+        // A stop at the epoch's end resumes from its checkpoint, whatever the policy says, and
+        // the last epoch of an early stop is the run's last.
+        if actions.save || self.stop_at_epoch_end || self.stopped_early.is_some() {
             let saved = self.write_checkpoint(model, out, epoch + 1, 0, EpochTotals::default())?;
             if let (Some(path), true) = (saved, actions.keep_as_best) {
                 out.save_best(&path)?;
@@ -375,10 +419,11 @@ impl<'a> Trainer<'a> {
             threads: self.plan.threads,
             world_size: topology.world_size,
             nodes: topology.nodes,
-            global_batch_size: config.data.batch_size * topology.world_size,
+            global_batch_size: self.plan.global_batch_size(),
             weights: PathBuf::new(),
             weights_sha256: String::new(),
             resumed_from,
+            stopped_early: self.stopped_early.clone(),
         }
     }
 }

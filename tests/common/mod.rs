@@ -211,6 +211,7 @@ pub fn checkpoint_meta(
         best_val_top1: None,
         epoch_totals: rtrain::run_dir::checkpoint::EpochTotals::default(),
         plateau: None,
+        early_stopping: Default::default(),
         rtrain_version: "test".into(),
     }
 }

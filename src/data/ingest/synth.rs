@@ -47,9 +47,31 @@ pub enum Layout {
     /// `train`/`val`, four damage levels, square `image_size` JPEGs.
     Facades,
     /// The case study's: `Train`/`Validation`, classes `C0`, `C2`, `C4` (no, moderate and
-    /// severe damage), `train_images` and `val_images` photos in all, spread evenly over the
-    /// classes, in the mix of [`photos::KINDS`] with every side times `photo_scale`.
-    DesignSafe { train_images: usize, val_images: usize, photo_scale: f64 },
+    /// severe damage), `train_images` and `val_images` photos in all, divided among the classes
+    /// in proportion to `class_shares` (empty: evenly), in the mix of [`photos::KINDS`] with
+    /// every side times `photo_scale`.
+    DesignSafe { train_images: usize, val_images: usize, photo_scale: f64, class_shares: Vec<f64> },
+}
+
+/// `total` divided in proportion to `shares` (largest remainders first), at least 1 each when
+/// `total` allows: every class folder needs a file.
+fn divide(total: usize, shares: &[f64]) -> Vec<usize> {
+    let sum: f64 = shares.iter().sum();
+    let exact: Vec<f64> = shares.iter().map(|share| total as f64 * share / sum).collect();
+    let mut counts: Vec<usize> = exact.iter().map(|x| x.floor() as usize).collect();
+    let mut by_remainder: Vec<usize> = (0..shares.len()).collect();
+    by_remainder.sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())));
+    for &class in by_remainder.iter().take(total.saturating_sub(counts.iter().sum())) {
+        counts[class] += 1;
+    }
+    while let Some(empty) = counts.iter().position(|&count| count == 0) {
+        let (largest, _) = counts.iter().enumerate().max_by_key(|&(_, count)| *count).unwrap_or((0, &0));
+        if counts[largest] <= 1 {
+            break;
+        }
+        (counts[largest], counts[empty]) = (counts[largest] - 1, 1);
+    }
+    counts
 }
 
 /// The case study's class folders and the damage level each is drawn at.
@@ -84,12 +106,12 @@ impl SynthOptions {
                 (Split::Train, vec![self.train_per_class; CLASS_NAMES.len()]),
                 (Split::Val, vec![self.val_per_class; CLASS_NAMES.len()]),
             ],
-            Layout::DesignSafe { train_images, val_images, .. } => {
-                let spread = |total: usize| {
-                    let n = DESIGNSAFE_CLASSES.len();
-                    (0..n).map(|c| total / n + usize::from(c < total % n)).collect()
+            Layout::DesignSafe { train_images, val_images, ref class_shares, .. } => {
+                let shares = match class_shares.is_empty() {
+                    true => vec![1.0; DESIGNSAFE_CLASSES.len()],
+                    false => class_shares.clone(),
                 };
-                vec![(Split::Train, spread(train_images)), (Split::Val, spread(val_images))]
+                vec![(Split::Train, divide(train_images, &shares)), (Split::Val, divide(val_images, &shares))]
             }
         }
     }
@@ -238,9 +260,15 @@ pub fn photo(
 }
 
 fn validate(options: &SynthOptions) -> Result<(), SynthError> {
-    if let Layout::DesignSafe { train_images, val_images, photo_scale } = options.layout {
+    if let Layout::DesignSafe { train_images, val_images, photo_scale, ref class_shares } = options.layout {
         // Every class folder needs a file, which ImageFolder requires.
         let classes = DESIGNSAFE_CLASSES.len();
+        let shares_ok = class_shares.iter().all(|share| share.is_finite() && *share > 0.0);
+        if !(class_shares.is_empty() || class_shares.len() == classes && shares_ok) {
+            return Err(SynthError::InvalidOptions(format!(
+                "class_shares {class_shares:?}: expected {classes} positive numbers, one per class (C0, C2, C4)"
+            )));
+        }
         if train_images < classes || val_images < classes {
             return Err(SynthError::InvalidOptions(format!(
                 "train_images ({train_images}) and val_images ({val_images}) must both be at least {classes}, one per class"
@@ -1267,6 +1295,18 @@ mod tests {
     }
 
     #[test]
+    fn class_shares_divide_the_photos_exactly() {
+        assert_eq!(divide(100, &[70.0, 20.0, 10.0]), vec![70, 20, 10]);
+        assert_eq!(divide(10, &[1.0, 1.0, 1.0]), vec![4, 3, 3]);
+        assert_eq!(
+            divide(33, &[0.7, 0.2, 0.1]),
+            vec![23, 7, 3],
+            "23.1, 6.6, 3.3: the largest remainder gets the spare"
+        );
+        assert_eq!(divide(4, &[98.0, 1.0, 1.0]), vec![2, 1, 1], "every class gets a photo");
+    }
+
+    #[test]
     fn writes_requested_counts_per_class_and_readme() {
         let tmp = tempfile::tempdir().unwrap();
         let out = tmp.path().join("nested").join("synth");
@@ -1290,7 +1330,12 @@ mod tests {
     fn designsafe_layout_spreads_the_counts_over_c0_c2_c4_in_train_and_validation() {
         let tmp = tempfile::tempdir().unwrap();
         let options = SynthOptions {
-            layout: Layout::DesignSafe { train_images: 10, val_images: 4, photo_scale: 0.02 },
+            layout: Layout::DesignSafe {
+                train_images: 10,
+                val_images: 4,
+                photo_scale: 0.02,
+                class_shares: vec![],
+            },
             ..small()
         };
         let out = tmp.path().join("ds");
@@ -1314,7 +1359,12 @@ mod tests {
         generate(&again, &options).unwrap();
         assert_eq!(tree_hash(&out), tree_hash(&again));
         let bad = SynthOptions {
-            layout: Layout::DesignSafe { train_images: 2, val_images: 4, photo_scale: 0.02 },
+            layout: Layout::DesignSafe {
+                train_images: 2,
+                val_images: 4,
+                photo_scale: 0.02,
+                class_shares: vec![],
+            },
             ..small()
         };
         assert!(matches!(generate(&tmp.path().join("bad"), &bad), Err(SynthError::InvalidOptions(_))));
