@@ -113,7 +113,7 @@ fn entrypoint_and_rtrain_agree_on_being_launched() {
         (&[("PMI_RANK", "0"), ("PMI_SIZE", "2")], true),
         (&[("PMI_SIZE", "2")], false),
         (&[("MV2_COMM_WORLD_RANK", "0"), ("MV2_COMM_WORLD_SIZE", "2")], true),
-        (&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")], true),
+        (&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_STEP_ID", "0")], true),
         (&[("SLURM_NTASKS", "2")], false),
         (&[("SLURM_PROCID", "0")], false),
         (&[("PMIX_RANK", "0")], true),
@@ -129,6 +129,28 @@ fn entrypoint_and_rtrain_agree_on_being_launched() {
             rtrain::cluster::launcher::detect(|name| map.get(name).map(|v| v.to_string())).unwrap().is_some();
         assert_eq!((by_entrypoint, by_rtrain), (launched, launched), "{env:?}: {}", stderr(&output));
     }
+}
+
+/// A Slurm batch script that runs the image without `srun` has `SLURM_PROCID` and
+/// `SLURM_NTASKS` too (as Slurm 22.05 sets them, recorded here: no `SLURM_STEP_ID`). Neither
+/// the entrypoint nor rtrain takes that for a launch, and the entrypoint starts no ranks of its
+/// own inside a Slurm job even where GPUs would make it (the job's ranks are srun's to start):
+/// one process, told to use srun.
+#[test]
+fn a_slurm_batch_script_without_srun_is_one_process() {
+    let scene = Scene::new(&[".dockerenv", "dev/nvidia0", "dev/nvidia1"]);
+    let batch = [("SLURM_JOB_ID", "7"), ("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_LOCALID", "0")];
+    let output = scene.run(&batch, &["train"]);
+    assert_eq!(lines(&output), vec!["rtrain", "[train]"], "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("launcher: no") && stderr(&output).contains("srun"),
+        "{}",
+        stderr(&output)
+    );
+    let map: std::collections::HashMap<&str, &str> = batch.iter().copied().collect();
+    let env = |name: &str| map.get(name).map(|v| v.to_string());
+    assert_eq!(rtrain::cluster::launcher::detect(env).unwrap(), None);
+    assert!(rtrain::cluster::launcher::unlaunched_in_slurm_batch(env).is_some_and(|w| w.contains("srun")));
 }
 
 /// Under Apptainer the host's launcher starts the ranks. With `--cleanenv` (or `--containall`)
@@ -217,18 +239,14 @@ fn entrypoint_and_rtrain_count_the_same_usable_gpus() {
 #[test]
 fn entrypoint_lists_rtrains_launch_variables() {
     let text = std::fs::read_to_string(common::repo().join("entrypoint")).unwrap();
-    let line = text.lines().find(|l| l.starts_with("for pair in ")).expect("the entrypoint's launcher list");
+    let line = text.lines().find(|l| l.starts_with("for entry in ")).expect("the entrypoint's launcher list");
     let listed: Vec<String> = line
-        .trim_start_matches("for pair in ")
+        .trim_start_matches("for entry in ")
         .trim_end_matches("; do")
         .split(' ')
         .map(String::from)
         .collect();
-    let rtrain: Vec<String> = rtrain::cluster::launcher::launch_variables()
-        .into_iter()
-        .map(|(rank, size)| size.map_or(rank.to_string(), |size| format!("{rank}/{size}")))
-        .collect();
-    assert_eq!(listed, rtrain);
+    assert_eq!(listed, rtrain::cluster::launcher::launch_variables());
 }
 
 #[test]

@@ -167,6 +167,32 @@ fn one_rank_signalled_stops_both_at_the_same_step_and_resumes_exactly() {
     assert_eq!(resumed["weights_sha256"], summary(&dir.path().join("straight"))["weights_sha256"]);
 }
 
+/// At a job's time limit Slurm's slurmstepd sends each task SIGTERM, then SIGTERM again 5-160
+/// ms later: one request, which must still end in a checkpoint and 75 (it exited 143, nothing
+/// saved, before a repeated SIGTERM within a second counted as the first).
+#[test]
+fn slurms_double_sigterm_at_the_time_limit_still_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 24, 4, 72);
+    let run = dir.path().join("limit");
+    let mut child = rtrain_command(dir.path())
+        .args(["train", "--run-dir", "limit"])
+        .args(settings(&data))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_a_step(&run, &mut child);
+    signal(child.id(), "TERM");
+    std::thread::sleep(Duration::from_millis(50));
+    signal(child.id(), "TERM");
+    let status = common::wait_within(&mut child, Duration::from_secs(60), "a run after two SIGTERMs");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(PREEMPTED), "exit status {status}:\n{stderr}");
+    assert_eq!(checkpoints(&run).len(), 1, "the stop's checkpoint: {stderr}");
+}
+
 /// A second signal does not wait for the next step: the process ends at once, with 128 + that
 /// signal. (Two different signals: a second identical one sent before the first is delivered
 /// merges with it, as pending standard signals do.)

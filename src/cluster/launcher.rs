@@ -33,6 +33,10 @@ struct LauncherVars {
     name: &'static str,
     rank: &'static str,
     size: Option<&'static str>,
+    /// A variable that must be set too for rank and size to mean a launch: Slurm sets
+    /// `SLURM_PROCID` and `SLURM_NTASKS` in a batch script as well, where only one process
+    /// runs; `SLURM_STEP_ID` only in a job step (`srun`).
+    step: Option<&'static str>,
     local_rank: Option<&'static str>,
     local_size: Option<&'static str>,
 }
@@ -45,6 +49,7 @@ const LAUNCHERS: &[LauncherVars] = &[
         name: "OpenMPI (mpirun)",
         rank: "OMPI_COMM_WORLD_RANK",
         size: Some("OMPI_COMM_WORLD_SIZE"),
+        step: None,
         local_rank: Some("OMPI_COMM_WORLD_LOCAL_RANK"),
         local_size: Some("OMPI_COMM_WORLD_LOCAL_SIZE"),
     },
@@ -52,6 +57,7 @@ const LAUNCHERS: &[LauncherVars] = &[
         name: "MPICH / Intel MPI (mpiexec)",
         rank: "PMI_RANK",
         size: Some("PMI_SIZE"),
+        step: None,
         local_rank: Some("MPI_LOCALRANKID"),
         local_size: Some("MPI_LOCALNRANKS"),
     },
@@ -59,6 +65,7 @@ const LAUNCHERS: &[LauncherVars] = &[
         name: "MVAPICH2",
         rank: "MV2_COMM_WORLD_RANK",
         size: Some("MV2_COMM_WORLD_SIZE"),
+        step: None,
         local_rank: Some("MV2_COMM_WORLD_LOCAL_RANK"),
         local_size: None,
     },
@@ -66,23 +73,52 @@ const LAUNCHERS: &[LauncherVars] = &[
         name: "Slurm (srun)",
         rank: "SLURM_PROCID",
         size: Some("SLURM_NTASKS"),
+        step: Some("SLURM_STEP_ID"),
         local_rank: Some("SLURM_LOCALID"),
         local_size: None,
     },
-    LauncherVars { name: "PMIx", rank: "PMIX_RANK", size: None, local_rank: None, local_size: None },
+    LauncherVars {
+        name: "PMIx",
+        rank: "PMIX_RANK",
+        size: None,
+        step: None,
+        local_rank: None,
+        local_size: None,
+    },
     LauncherVars {
         name: "torchrun",
         rank: "RANK",
         size: Some("WORLD_SIZE"),
+        step: None,
         local_rank: Some("LOCAL_RANK"),
         local_size: Some("LOCAL_WORLD_SIZE"),
     },
 ];
 
-/// Each launcher's rank variable and, where it has one, its size variable: a process is
-/// launched when both of one pair are set (the rank alone, for a launcher without a size).
-pub fn launch_variables() -> Vec<(&'static str, Option<&'static str>)> {
-    LAUNCHERS.iter().map(|vars| (vars.rank, vars.size)).collect()
+/// Each launcher's variables as the entrypoint lists them, `RANK[/SIZE[/STEP]]`: a process is
+/// launched when every variable of one entry is set.
+pub fn launch_variables() -> Vec<String> {
+    LAUNCHERS
+        .iter()
+        .map(|vars| {
+            [Some(vars.rank), vars.size, vars.step].into_iter().flatten().collect::<Vec<_>>().join("/")
+        })
+        .collect()
+}
+
+/// A warning for a process that no launcher started although it runs in a Slurm batch script
+/// of several tasks (`SLURM_NTASKS` > 1 without `SLURM_STEP_ID`): the script ran rtrain without
+/// `srun`, so one process trains where the job asked for more.
+pub fn unlaunched_in_slurm_batch(env: impl Fn(&str) -> Option<String>) -> Option<String> {
+    let tasks: usize = env("SLURM_NTASKS")?.trim().parse().ok()?;
+    let job = env("SLURM_JOB_ID")?;
+    if tasks <= 1 || env("SLURM_STEP_ID").is_some() {
+        return None;
+    }
+    Some(format!(
+        "Slurm job {job} has {tasks} tasks, but this process was started by its batch script, not by srun: \
+         training as one process; start the ranks with `srun rtrain train ...` (or `srun --mpi=pmix ...`)"
+    ))
 }
 
 /// Reads the first launcher whose rank and size variables are both set (its rank variable, for
@@ -93,6 +129,9 @@ pub fn detect(env: impl Fn(&str) -> Option<String>) -> Result<Option<LaunchInfo>
         // An empty variable is an unset one (as the entrypoint's `[ -n ]` reads it).
         let env = |name: &str| env(name).filter(|value| !value.is_empty());
         let Some(rank_value) = env(vars.rank) else { continue };
+        if vars.step.is_some_and(|step| env(step).is_none()) {
+            continue;
+        }
         let size_value = match vars.size {
             Some(size) => match env(size) {
                 Some(value) => Some((size, value)),
@@ -161,11 +200,71 @@ mod tests {
         );
     }
 
+    /// What Slurm 22.05 (Debian 12's) set, recorded with `env` on this machine's single-node
+    /// Slurm (`sbatch -n 2`; trimmed to the variables launchers are read from).
+    const BATCH_SCRIPT: &[(&str, &str)] = &[
+        ("SLURM_JOB_ID", "1"),
+        ("SLURM_LOCALID", "0"),
+        ("SLURM_NODEID", "0"),
+        ("SLURM_NPROCS", "2"),
+        ("SLURM_NTASKS", "2"),
+        ("SLURM_PROCID", "0"),
+        ("SLURM_TASKS_PER_NODE", "2"),
+    ];
+    /// The second task of `srun --mpi=pmix` inside that batch script.
+    const SRUN_STEP: &[(&str, &str)] = &[
+        ("PMIX_RANK", "1"),
+        ("SLURM_JOB_ID", "1"),
+        ("SLURM_LOCALID", "1"),
+        ("SLURM_NODEID", "0"),
+        ("SLURM_NPROCS", "2"),
+        ("SLURM_NTASKS", "2"),
+        ("SLURM_PROCID", "1"),
+        ("SLURM_STEPID", "0"),
+        ("SLURM_STEP_ID", "0"),
+        ("SLURM_STEP_NUM_TASKS", "2"),
+    ];
+    /// A command under `salloc -n 2`, outside any step.
+    const SALLOC: &[(&str, &str)] =
+        &[("SLURM_JOB_ID", "2"), ("SLURM_NPROCS", "2"), ("SLURM_NTASKS", "2"), ("SLURM_TASKS_PER_NODE", "2")];
+    /// Rank 1 of `mpirun -np 2` inside that allocation (Open MPI starts its daemons through Slurm).
+    const MPIRUN_IN_ALLOCATION: &[(&str, &str)] = &[
+        ("OMPI_COMM_WORLD_RANK", "1"),
+        ("OMPI_COMM_WORLD_SIZE", "2"),
+        ("PMIX_RANK", "1"),
+        ("SLURM_JOB_ID", "2"),
+        ("SLURM_NPROCS", "2"),
+        ("SLURM_NTASKS", "2"),
+    ];
+
+    #[test]
+    fn launched_or_not_as_slurm_really_sets_it() {
+        assert_eq!(detect(env(BATCH_SCRIPT)).unwrap(), None, "a batch script is one process");
+        let warning = unlaunched_in_slurm_batch(env(BATCH_SCRIPT)).unwrap();
+        assert!(warning.contains("job 1 has 2 tasks") && warning.contains("srun"), "{warning}");
+        let step = detect(env(SRUN_STEP)).unwrap().unwrap();
+        assert_eq!(
+            (step.launcher, step.rank, step.world_size, step.local_rank),
+            ("Slurm (srun)", 1, Some(2), Some(1))
+        );
+        assert_eq!(unlaunched_in_slurm_batch(env(SRUN_STEP)), None);
+        assert_eq!(detect(env(SALLOC)).unwrap(), None);
+        let mpirun = detect(env(MPIRUN_IN_ALLOCATION)).unwrap().unwrap();
+        assert_eq!((mpirun.launcher, mpirun.rank, mpirun.world_size), ("OpenMPI (mpirun)", 1, Some(2)));
+        let one_task = [("SLURM_JOB_ID", "3"), ("SLURM_NTASKS", "1"), ("SLURM_PROCID", "0")];
+        assert_eq!(unlaunched_in_slurm_batch(env(&one_task)), None, "a one-task job is one process anyway");
+    }
+
     #[test]
     fn slurm_and_torchrun() {
-        let slurm = detect(env(&[("SLURM_PROCID", "5"), ("SLURM_NTASKS", "8"), ("SLURM_LOCALID", "1")]))
-            .unwrap()
-            .unwrap();
+        let slurm = detect(env(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_STEP_ID", "0"),
+        ]))
+        .unwrap()
+        .unwrap();
         assert_eq!(
             (slurm.launcher, slurm.rank, slurm.world_size, slurm.local_rank),
             ("Slurm (srun)", 5, Some(8), Some(1))

@@ -175,7 +175,12 @@ pub enum DistError {
 /// for a world of one, so that the MPI library's view is checked), else a single process.
 pub fn init(algorithm: AllreduceAlgorithm) -> Result<Arc<dyn Communicator>, DistError> {
     match launcher::detect_from_process()? {
-        None => Ok(single()),
+        None => {
+            if let Some(warning) = launcher::unlaunched_in_slurm_batch(|name| std::env::var(name).ok()) {
+                tracing::warn!("{warning}");
+            }
+            Ok(single())
+        }
         Some(info) => init_launched(info, algorithm),
     }
 }

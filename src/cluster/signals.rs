@@ -3,14 +3,19 @@
 //! only records the request; the ranks agree on it through the next step's gradient
 //! all-reduce (a flag in its last bucket, so no collective of its own), stop at that same step,
 //! rank 0 writes a checkpoint, and every rank exits with [`PREEMPTED_EXIT_CODE`]; `--resume
-//! auto` continues exactly. A second signal ends the process at once.
+//! auto` continues exactly.
+//!
+//! A second signal ends the process at once (an impatient Ctrl-C Ctrl-C), except a SIGTERM
+//! that follows a first SIGTERM within [`REPEAT_WINDOW_NS`]: at a job's time limit Slurm's
+//! slurmstepd sends every task SIGTERM, then SIGCONT and SIGTERM again 5-160 ms later, and
+//! that pair is one request, which must still end in a checkpoint.
 //!
 //! Before the work that polls for the request starts ([`arm`]), during start-up (listing,
 //! hashing and staging the data, reading weights), nothing would be lost by stopping and
 //! nothing polls: the first stop signal ends the process at once with [`PREEMPTED_EXIT_CODE`],
 //! rather than after minutes of hashing a large dataset.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 /// The exit code of a run stopped by a signal after saving its checkpoint: 75, BSD's
 /// EX_TEMPFAIL ("try again later"), which a job script can test before requeueing.
@@ -22,6 +27,13 @@ pub const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::S
 static RECEIVED: AtomicU32 = AtomicU32::new(0);
 static ARMED: AtomicBool = AtomicBool::new(false);
 static FIRST_SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// When the first stop signal arrived (CLOCK_MONOTONIC, nanoseconds).
+static FIRST_AT_NS: AtomicU64 = AtomicU64::new(0);
+
+/// A SIGTERM this soon after a first SIGTERM repeats it (Slurm's double SIGTERM at the time
+/// limit: 5-160 ms apart, measured) rather than insisting: one second, as Slurm's own `srun`
+/// takes two Ctrl-C within one second for one.
+pub const REPEAT_WINDOW_NS: u64 = 1_000_000_000;
 
 /// The job stopped, by agreement of all ranks, after a stop signal.
 #[derive(Debug, thiserror::Error)]
@@ -60,11 +72,32 @@ extern "C" fn on_stop_signal(signal: libc::c_int) {
         // SAFETY: as below. Start-up work has nothing to save, and "try again" is the truth.
         unsafe { libc::_exit(libc::c_int::from(PREEMPTED_EXIT_CODE)) };
     }
+    let now = monotonic_ns();
     if RECEIVED.fetch_add(1, Ordering::SeqCst) > 0 {
+        let first = FIRST_SIGNAL.load(Ordering::SeqCst);
+        let since_first = now.saturating_sub(FIRST_AT_NS.load(Ordering::SeqCst));
+        if is_repeat(first, signal, since_first) {
+            return;
+        }
         // SAFETY: _exit is async-signal-safe and ends the process without running anything else.
         unsafe { libc::_exit(128 + signal) };
     }
+    FIRST_AT_NS.store(now, Ordering::SeqCst);
     FIRST_SIGNAL.store(signal, Ordering::SeqCst);
+}
+
+/// Whether `signal`, `since_first_ns` after the first stop signal `first`, repeats it (Slurm's
+/// second SIGTERM) instead of asking to end at once.
+pub fn is_repeat(first: libc::c_int, signal: libc::c_int, since_first_ns: u64) -> bool {
+    first == libc::SIGTERM && signal == libc::SIGTERM && since_first_ns < REPEAT_WINDOW_NS
+}
+
+/// CLOCK_MONOTONIC in nanoseconds; async-signal-safe (clock_gettime is, by POSIX).
+fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `now` is a valid timespec to write into.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0)
 }
 
 /// Routes the stop signals to [`requested`] for the rest of the process's life.
@@ -97,5 +130,21 @@ pub fn requested() -> Option<i32> {
     match FIRST_SIGNAL.load(Ordering::SeqCst) {
         0 => None,
         signal => Some(signal),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_prompt_second_sigterm_repeats_the_first() {
+        let ms = 1_000_000;
+        assert!(is_repeat(libc::SIGTERM, libc::SIGTERM, 5 * ms), "Slurm's pair, 5 ms apart");
+        assert!(is_repeat(libc::SIGTERM, libc::SIGTERM, 160 * ms), "and 160 ms apart");
+        assert!(!is_repeat(libc::SIGTERM, libc::SIGTERM, 1500 * ms), "a later kill insists");
+        assert!(!is_repeat(libc::SIGINT, libc::SIGINT, 100 * ms), "Ctrl-C Ctrl-C ends at once");
+        assert!(!is_repeat(libc::SIGUSR1, libc::SIGTERM, 5 * ms), "a TERM after USR1 insists");
+        assert!(!is_repeat(libc::SIGTERM, libc::SIGINT, 5 * ms));
     }
 }
