@@ -167,30 +167,42 @@ fn one_rank_signalled_stops_both_at_the_same_step_and_resumes_exactly() {
     assert_eq!(resumed["weights_sha256"], summary(&dir.path().join("straight"))["weights_sha256"]);
 }
 
+/// Starts a run in `dir/run`, sends `signals` once it trains (each after its pause), and
+/// returns how it ended, with its stderr, within `limit`.
+fn signalled_run(
+    dir: &Path,
+    signals: &[(&str, Duration)],
+    limit: Duration,
+) -> (std::process::ExitStatus, String) {
+    let data = common::synth(dir, 24, 4, 72);
+    let mut child = rtrain_command(dir)
+        .args(["train", "--run-dir", "run"])
+        .args(settings(&data))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_a_step(&dir.join("run"), &mut child);
+    for (name, pause) in signals {
+        std::thread::sleep(*pause);
+        signal(child.id(), name);
+    }
+    let status = common::wait_within(&mut child, limit, "a run after its signals");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    (status, stderr)
+}
+
 /// At a job's time limit Slurm's slurmstepd sends each task SIGTERM, then SIGTERM again 5-160
 /// ms later: one request, which must still end in a checkpoint and 75 (it exited 143, nothing
 /// saved, before a repeated SIGTERM within a second counted as the first).
 #[test]
 fn slurms_double_sigterm_at_the_time_limit_still_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
-    let data = common::synth(dir.path(), 24, 4, 72);
-    let run = dir.path().join("limit");
-    let mut child = rtrain_command(dir.path())
-        .args(["train", "--run-dir", "limit"])
-        .args(settings(&data))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_a_step(&run, &mut child);
-    signal(child.id(), "TERM");
-    std::thread::sleep(Duration::from_millis(50));
-    signal(child.id(), "TERM");
-    let status = common::wait_within(&mut child, Duration::from_secs(60), "a run after two SIGTERMs");
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let signals = [("TERM", Duration::ZERO), ("TERM", Duration::from_millis(50))];
+    let (status, stderr) = signalled_run(dir.path(), &signals, Duration::from_secs(60));
     assert_eq!(status.code(), Some(PREEMPTED), "exit status {status}:\n{stderr}");
-    assert_eq!(checkpoints(&run).len(), 1, "the stop's checkpoint: {stderr}");
+    assert_eq!(checkpoints(&dir.path().join("run")).len(), 1, "the stop's checkpoint: {stderr}");
 }
 
 /// A second signal does not wait for the next step: the process ends at once, with 128 + that
@@ -199,18 +211,7 @@ fn slurms_double_sigterm_at_the_time_limit_still_checkpoints() {
 #[test]
 fn a_second_signal_ends_the_process_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let data = common::synth(dir.path(), 24, 4, 72);
-    let run = dir.path().join("run");
-    let mut child = rtrain_command(dir.path())
-        .args(["train", "--run-dir", "run"])
-        .args(settings(&data))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for_a_step(&run, &mut child);
-    signal(child.id(), "TERM");
-    signal(child.id(), "INT");
-    let status = common::wait_within(&mut child, Duration::from_secs(5), "a run after two signals");
+    let signals = [("TERM", Duration::ZERO), ("INT", Duration::ZERO)];
+    let (status, _) = signalled_run(dir.path(), &signals, Duration::from_secs(5));
     assert!(matches!(status.code(), Some(130 | 143)), "{status}: expected 128 + SIGINT or SIGTERM");
 }
