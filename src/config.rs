@@ -915,11 +915,9 @@ impl Config {
         check(t.accumulate > 0, "train.accumulate", "must be at least 1")?;
         if let ClassWeights::PerClass(weights) = &t.class_weights {
             check(
-                !weights.is_empty()
-                    && weights.iter().all(|w| w.is_finite() && *w >= 0.0)
-                    && weights.iter().any(|w| *w > 0.0),
+                !weights.is_empty() && weights.iter().all(|w| w.is_finite() && *w > 0.0),
                 "train.class_weights",
-                "must be \"none\", \"balanced\" or one non-negative weight per class, not all zero",
+                "must be \"none\", \"balanced\" or one positive weight per class (a batch of only zero-weight classes has no mean loss: leave such a class out of the data instead)",
             )?;
         }
         check(

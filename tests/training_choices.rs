@@ -144,7 +144,8 @@ fn the_balanced_sampler_gives_the_same_batches_on_any_number_of_loader_threads()
 /// summary, the manifest and the log. Resumed from its epoch-2 checkpoint into another
 /// directory, the run stops after epoch 3 too, with the same weights (without early stopping's
 /// state in the checkpoint, the resumed run would count afresh and stop after epoch 5); and
-/// `rtrain reproduce` expects the stop.
+/// `rtrain reproduce` expects the stop. Resuming its mid-epoch checkpoint with another
+/// `train.accumulate` is refused.
 #[test]
 fn early_stopping_stops_where_it_should_and_a_resumed_run_stops_there_too() {
     let dir = tempfile::tempdir().unwrap();
@@ -160,6 +161,7 @@ fn early_stopping_stops_where_it_should_and_a_resumed_run_stops_there_too() {
         "train.early_stopping.patience=2",
         "train.early_stopping.min_delta=1.0",
         "checkpoint.keep_last=10",
+        "checkpoint.every_steps=2",
     ]);
     let output =
         common::rtrain(dir.path()).args(["train", "--run-dir", "first"]).args(&settings).output().unwrap();
@@ -186,6 +188,18 @@ fn early_stopping_stops_where_it_should_and_a_resumed_run_stops_there_too() {
     let resumed = json_file(&dir.path().join("resumed/summary.json"));
     assert_eq!(resumed["stopped_early"]["epoch"], 3, "{}", resumed["stopped_early"]);
     assert_eq!(resumed["weights_sha256"], summary["weights_sha256"]);
+
+    // Mid-epoch (step 2 of 4), a step of 2 batches would shift which images come next.
+    let mid_epoch = first.join("checkpoints/step-000000002.safetensors");
+    let output = common::rtrain(dir.path())
+        .args(["train", "--run-dir", "shifted", "--resume"])
+        .arg(&mid_epoch)
+        .args(&settings)
+        .args(["--set", "train.accumulate=2"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("train.accumulate = 1 after step 2"), "{stderr}");
 
     let output = common::rtrain(dir.path()).args(["reproduce", "first"]).output().unwrap();
     let output = common::assert_success(output, "reproduce a run that stopped early");

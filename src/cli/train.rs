@@ -192,6 +192,13 @@ fn reproduce_as_rank(
 ) -> Result<Option<(PathBuf, Verdict)>> {
     let out = RunPaths::new(out.unwrap_or_else(|| format!("{}-reproduce", original_dir.display()).into()));
     out.check_empty()?;
+    // A run that stopped early is re-run to its stop, not beyond (where metrics only agree
+    // within tolerances, the re-run's own early stopping may not fire at the same epoch).
+    let epochs = match (&original.stopped_early, epochs) {
+        (Some(stop), Some(epochs)) => Some(epochs.min(stop.epoch)),
+        (Some(stop), None) => Some(stop.epoch),
+        (None, epochs) => epochs,
+    };
     let plan = RunPlan::for_training(config, comm.topology(), Resume::Fresh, epochs)?;
     job::stage_data(plan.staging.as_ref(), comm.as_ref())?;
     let trained = train::run(&plan, comm, out.clone()).map_err(preempted_as_such)?;

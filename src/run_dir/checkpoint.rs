@@ -82,7 +82,15 @@ pub struct CheckpointMeta {
     /// epoch the uninterrupted one would have.
     #[serde(default)]
     pub early_stopping: EarlyStoppingState,
+    /// `train.accumulate` of the run: a step is that many batches, so resuming mid-epoch with
+    /// another value would skip or repeat images (1 in checkpoints from before it was recorded).
+    #[serde(default = "one_micro_batch")]
+    pub accumulate: u32,
     pub rtrain_version: String,
+}
+
+fn one_micro_batch() -> u32 {
+    1
 }
 
 /// Where early stopping stands after the evaluations so far.
@@ -348,6 +356,7 @@ mod tests {
             epoch_totals: EpochTotals { loss_sum: 1.5, correct: 3, samples: 8, seconds: 0.25, skipped: 1 },
             plateau: Some(PlateauState { lr: 0.01, best: Some(0.5), num_bad_epochs: 2, cooldown_counter: 1 }),
             early_stopping: Default::default(),
+            accumulate: 1,
             rtrain_version: "0.1.0".into(),
         }
     }

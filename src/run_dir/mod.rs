@@ -616,6 +616,7 @@ mod tests {
             epoch_totals: EpochTotals::default(),
             plateau: None,
             early_stopping: Default::default(),
+            accumulate: 1,
             rtrain_version: "0.1.0".into(),
         }
     }

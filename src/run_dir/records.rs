@@ -133,12 +133,13 @@ pub struct Summary {
 pub struct EarlyStop {
     /// The last epoch trained (1-based).
     pub epoch: u32,
-    /// The watched metric, as `metrics.jsonl` names it, and its value after `epoch`.
+    /// The watched metric, as `metrics.jsonl` names it, and its value after `epoch` (None where
+    /// it was not a number, e.g. a kappa of a one-class split).
     pub metric: String,
-    pub value: f64,
-    /// The best value and the epoch (1-based) it was reached after.
-    pub best: f64,
-    pub best_epoch: u32,
+    pub value: Option<f64>,
+    /// The best value and the epoch (1-based) it was reached after (None: never a number).
+    pub best: Option<f64>,
+    pub best_epoch: Option<u32>,
     pub patience: u32,
     pub min_delta: f64,
 }
@@ -146,9 +147,18 @@ pub struct EarlyStop {
 impl EarlyStop {
     /// For the log: why the run stopped.
     pub fn reason(&self) -> String {
+        let number = |value: Option<f64>| value.map_or("not a number".to_string(), |v| format!("{v:.6}"));
+        let best = match (self.best, self.best_epoch) {
+            (Some(best), Some(epoch)) => format!("best {best:.6} after epoch {epoch}"),
+            _ => "never a number".to_string(),
+        };
         format!(
-            "{} has not improved by more than {} for {} epoch(s): best {:.6} after epoch {}, {:.6} after epoch {}",
-            self.metric, self.min_delta, self.patience, self.best, self.best_epoch, self.value, self.epoch
+            "{} has not improved by more than {} for {} epoch(s): {best}, {} after epoch {}",
+            self.metric,
+            self.min_delta,
+            self.patience,
+            number(self.value),
+            self.epoch
         )
     }
 }

@@ -56,9 +56,9 @@ impl EarlyStopping {
         Some(EarlyStop {
             epoch,
             metric: metric_name(self.config.metric).to_string(),
-            value: state.last.unwrap_or(f64::NAN),
-            best: state.best.unwrap_or(f64::NAN),
-            best_epoch: state.best_epoch.unwrap_or(0),
+            value: state.last.filter(|v| v.is_finite()),
+            best: state.best,
+            best_epoch: state.best_epoch,
             patience: self.config.patience,
             min_delta: self.config.min_delta,
         })
@@ -120,10 +120,10 @@ mod tests {
         };
         let losses = [1.0, 0.8, 0.79, 0.85, 0.9, 0.5];
         let stop = stop_epoch(stopping(StopMetric::ValLoss, StopMode::Auto, 2, 0.0), &losses).unwrap();
-        assert_eq!((stop.epoch, stop.best_epoch, stop.best), (5, 3, 0.79));
+        assert_eq!((stop.epoch, stop.best_epoch, stop.best), (5, Some(3), Some(0.79)));
         // min_delta 0.05: 0.79 is not better than 0.8 by more than 0.05.
         let stop = stop_epoch(stopping(StopMetric::ValLoss, StopMode::Auto, 2, 0.05), &losses).unwrap();
-        assert_eq!((stop.epoch, stop.best_epoch), (4, 2));
+        assert_eq!((stop.epoch, stop.best_epoch), (4, Some(2)));
         // top-1 = 1 - loss, watched with max: the same decisions.
         let stop = stop_epoch(stopping(StopMetric::ValTop1, StopMode::Auto, 2, 0.0), &losses).unwrap();
         assert_eq!((stop.epoch, stop.metric.as_str()), (5, "val_top1"));
@@ -142,8 +142,21 @@ mod tests {
         let mut resumed = stopping(StopMetric::ValLoss, StopMode::Auto, 2, 0.0);
         resumed.restore(first.state());
         assert_eq!(resumed.after_evaluation(2, &report(1.1, 0.0)).map(|s| s.epoch), Some(3));
-        assert_eq!(resumed.stop_after(3).map(|s| s.best_epoch), Some(1), "the state remembers the stop");
+        assert_eq!(resumed.stop_after(3).and_then(|s| s.best_epoch), Some(1), "the state remembers the stop");
         let mut fresh = stopping(StopMetric::ValLoss, StopMode::Auto, 2, 0.0);
         assert!(fresh.after_evaluation(2, &report(1.1, 0.0)).is_none(), "without the state it would go on");
+    }
+
+    /// A kappa that is never a number (a one-class validation split) never improves: the run
+    /// stops after `patience` epochs, and the record, without numbers, survives JSON.
+    #[test]
+    fn a_metric_that_is_never_a_number_stops_and_records_as_json() {
+        let mut s = stopping(StopMetric::ValQuadraticKappa, StopMode::Auto, 2, 0.0);
+        assert!(s.after_evaluation(0, &report(1.0, 0.5)).is_none());
+        let stop = s.after_evaluation(1, &report(1.0, 0.5)).unwrap();
+        assert_eq!((stop.epoch, stop.best, stop.value), (2, None, None));
+        let text = serde_json::to_string(&stop).unwrap();
+        assert_eq!(serde_json::from_str::<EarlyStop>(&text).unwrap(), stop, "{text}");
+        assert!(stop.reason().contains("never a number"), "{}", stop.reason());
     }
 }

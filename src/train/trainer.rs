@@ -192,6 +192,17 @@ impl<'a> Trainer<'a> {
             }
             .into());
         }
+        let accumulate = self.plan.config.train.accumulate;
+        if meta.step_in_epoch > 0 && meta.accumulate != accumulate {
+            return Err(CheckpointError::Mismatch {
+                path: path.to_path_buf(),
+                found: format!("train.accumulate = {} after step {} of an epoch", meta.accumulate, meta.step_in_epoch),
+                expected: format!(
+                    "train.accumulate = {accumulate} (a step's batches would shift: resume mid-epoch with the same value, or from an epoch's checkpoint)"
+                ),
+            }
+            .into());
+        }
         if meta.config_hash != self.plan.config.hash()? {
             tracing::warn!(
                 "{}: made with another configuration; resuming with the current one",
@@ -205,8 +216,16 @@ impl<'a> Trainer<'a> {
         self.best_val_top1 = meta.best_val_top1;
         self.early_stopping.restore(meta.early_stopping.clone());
         // A checkpoint taken as early stopping ended the run: nothing is left to train.
-        if meta.step_in_epoch == 0 {
+        if meta.step_in_epoch == 0 && meta.epoch < self.plan.config.train.epochs {
             self.stopped_early = self.early_stopping.stop_after(meta.epoch);
+            if let Some(stop) = &self.stopped_early {
+                tracing::info!(
+                    "{}: taken when early stopping ended its run ({}); nothing is left to train (raise \
+                     train.early_stopping.patience, or set its metric to \"none\", to train on)",
+                    path.display(),
+                    stop.reason()
+                );
+            }
         }
         tracing::info!(
             "resumed from {} at epoch {} step {} (global step {})",
@@ -275,6 +294,7 @@ impl<'a> Trainer<'a> {
             epoch_totals: totals,
             plateau: self.schedule.plateau_state(),
             early_stopping: self.early_stopping.state(),
+            accumulate: config.train.accumulate,
             rtrain_version: env!("CARGO_PKG_VERSION").to_string(),
         };
         let tensors: Vec<(String, Tensor)> = model.state_dict().into_iter().collect();
@@ -341,7 +361,9 @@ impl<'a> Trainer<'a> {
         self.trained_seconds += totals.seconds;
         let top1 = record.val.top1;
         self.final_eval = Some(record.val.clone());
-        self.stopped_early = self.early_stopping.after_evaluation(epoch, &record.val);
+        // Patience running out after the last epoch is no early stop.
+        let stop = self.early_stopping.after_evaluation(epoch, &record.val);
+        self.stopped_early = stop.filter(|_| epoch + 1 < config.train.epochs);
         out.log_epoch(record)?;
         self.last_val_top1 = Some(top1);
         let is_best = policy::is_best(self.best_val_top1, top1);

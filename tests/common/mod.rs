@@ -212,6 +212,7 @@ pub fn checkpoint_meta(
         epoch_totals: rtrain::run_dir::checkpoint::EpochTotals::default(),
         plateau: None,
         early_stopping: Default::default(),
+        accumulate: 1,
         rtrain_version: "test".into(),
     }
 }
