@@ -18,6 +18,7 @@ use crate::cluster::launcher::{self, LaunchInfo};
 use crate::cluster::runtime::{
     detect_image, detect_runtime, driver_version, gpu_devices, gpus_requested, usable_gpus, Probe, Runtime,
 };
+use crate::cluster::slurm::SlurmJob;
 use crate::cluster::Topology;
 use crate::config::{Config, DEFAULT_DATA_ROOT};
 use crate::model::precision::{self, Compute};
@@ -112,6 +113,11 @@ pub struct Facts {
     pub driver: Option<String>,
     pub cuda: Cuda,
     pub mpi: Mpi,
+    /// The Slurm job this process runs in, if any.
+    pub slurm: Option<SlurmJob>,
+    /// Set when this process runs in a Slurm job of several tasks without being one of them
+    /// (a batch script or `salloc` shell without `srun`): it would train alone.
+    pub slurm_note: Option<String>,
     pub threads: Threads,
     pub directories: Vec<Directory>,
     /// `data.root` is the built-in default, generated on first use when missing.
@@ -122,6 +128,10 @@ impl Facts {
     /// The probe's part of the facts; the caller fills in what libtorch, MPI and the
     /// configuration say.
     pub fn from_probe(probe: &Probe, cuda: Cuda, mpi: Mpi, threads: Threads) -> Facts {
+        let slurm_note = match mpi.launcher {
+            Some(_) => None,
+            None => launcher::unlaunched_in_slurm_batch(|name| probe.var(name).map(str::to_string)),
+        };
         Facts {
             runtime: detect_runtime(probe),
             image: detect_image(probe),
@@ -132,6 +142,8 @@ impl Facts {
             driver: driver_version(probe),
             cuda,
             mpi,
+            slurm: SlurmJob::detect(probe),
+            slurm_note,
             threads,
             directories: Vec::new(),
             data_is_default: false,
@@ -211,6 +223,12 @@ pub fn findings(facts: &Facts) -> Vec<Finding> {
         found.push(finding(
             error.clone(),
             format!("start at most {gpus} ranks per node, one per GPU (`--map-by ppr:{gpus}:node`, `srun --ntasks-per-node {gpus}`)"),
+        ));
+    }
+    if let Some((tasks, gpus)) = facts.slurm.as_ref().and_then(SlurmJob::tasks_without_a_gpu) {
+        found.push(finding(
+            format!("{tasks} Slurm tasks on this node share its {gpus} GPU(s) (SLURM_GPUS_ON_NODE): one rank per GPU"),
+            format!("ask for a GPU per task (`--gpus-per-task=1`) or at most {gpus} tasks per node (`--ntasks-per-node={gpus}`)"),
         ));
     }
     let threads = &facts.threads;
@@ -324,6 +342,12 @@ pub fn render(facts: &Facts, findings: &[Finding], preamble: &[String]) -> Strin
             if mpi.built_in { "built in" } else { "not built" }
         ),
     });
+    if let Some(slurm) = &facts.slurm {
+        line(format!("slurm: {slurm}"));
+        if let Some(note) = &facts.slurm_note {
+            line(format!("  note: {note}"));
+        }
+    }
     line(format!(
         "threads: {} cores, train.threads = {} ({}: {} per rank), {} rank(s) on this node",
         facts.threads.cores,

@@ -43,7 +43,7 @@ fn apptainer_definition_has_its_sections_and_clean_scripts() {
     }
 }
 
-/// The project's shell scripts (setup, test, simcluster, container, GPU check and build, CI,
+/// The project's shell scripts (setup, test, simcluster, slurm, container, GPU check and build, CI,
 /// benchmark runners) pass shellcheck.
 #[test]
 fn shell_scripts_pass_shellcheck() {
@@ -51,6 +51,7 @@ fn shell_scripts_pass_shellcheck() {
         "scripts/setup",
         "scripts/test",
         "scripts/simcluster",
+        "scripts/slurm",
         "scripts/container",
         "scripts/bundle",
         "scripts/gpu-check",

@@ -116,7 +116,7 @@ pub fn unlaunched_in_slurm_batch(env: impl Fn(&str) -> Option<String>) -> Option
         return None;
     }
     Some(format!(
-        "Slurm job {job} has {tasks} tasks, but this process was started by its batch script, not by srun: \
+        "Slurm job {job} has {tasks} tasks, but this process was started by its batch script (or salloc shell), not by srun: \
          training as one process; start the ranks with `srun rtrain train ...` (or `srun --mpi=pmix ...`)"
     ))
 }

@@ -16,6 +16,7 @@ mod mpi;
 pub mod nccl;
 pub mod runtime;
 pub mod signals;
+pub mod slurm;
 pub mod watchdog;
 pub mod wire;
 

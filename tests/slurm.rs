@@ -1,0 +1,549 @@
+//! The Slurm tier (`--features test-slurm`): the README's job scripts, taken out of the README
+//! and submitted as written (only sizes, time limits, the configuration and paths substituted)
+//! to a real Slurm that each test starts and stops with `scripts/slurm` (Debian 12's slurmctld
+//! and slurmd 22.05, a munged of its own, one node with this machine's name). Slurm itself
+//! signals the jobs (`--signal`, time limits, `scancel`), requeues them and records how they
+//! ended (`sacct -c`, from the job-completion log).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A Slurm of the test's own, in a directory of its own on ports of its own; stopped (jobs
+/// cancelled, daemons ended, directory removed) however the test ends.
+struct Slurm {
+    dir: PathBuf,
+}
+
+/// Job scripts written by this process, for their file names.
+static SCRIPTS: AtomicU16 = AtomicU16::new(0);
+
+/// Each cluster of this process takes the next two ports.
+static NEXT_PORT: AtomicU16 = AtomicU16::new(17300);
+
+impl Slurm {
+    fn up(dir: &Path, cpus: u32) -> Slurm {
+        let port = NEXT_PORT.fetch_add(2, Ordering::SeqCst);
+        let dir = dir.join("slurm");
+        let output = Command::new(common::repo().join("scripts/slurm"))
+            .arg("up")
+            .arg(&dir)
+            .args(["--cpus", &cpus.to_string(), "--port", &port.to_string()])
+            .output()
+            .expect("start scripts/slurm");
+        let slurm = Slurm { dir };
+        common::assert_success(output, "scripts/slurm up (root, and scripts/setup --test)");
+        slurm
+    }
+
+    /// A Slurm command (or any command that talks to it) for this cluster, with the rtrain
+    /// under test first on the PATH and no Slurm variables of an enclosing job.
+    fn command(&self, program: &str) -> Command {
+        let mut command = Command::new(program);
+        for (name, _) in std::env::vars() {
+            if name.starts_with("SLURM_") {
+                command.env_remove(name);
+            }
+        }
+        let bin = Path::new(env!("CARGO_BIN_EXE_rtrain")).parent().unwrap().to_path_buf();
+        let path = std::env::join_paths(
+            std::iter::once(bin).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+        )
+        .unwrap();
+        command.env("SLURM_CONF", self.dir.join("slurm.conf")).env("PATH", path).env_remove("RUST_LOG");
+        command
+    }
+
+    /// Submits `script` from `workdir` (its output goes to `slurm-<job>.out` there, as
+    /// sbatch's default) with `env` added to the job's environment; returns the job id.
+    fn sbatch(&self, script: &str, workdir: &Path, env: &[(&str, &str)]) -> String {
+        let file = workdir.join(format!("job-{}.sh", SCRIPTS.fetch_add(1, Ordering::SeqCst)));
+        std::fs::write(&file, script).unwrap();
+        let mut command = self.command("sbatch");
+        command.arg("--parsable").arg(&file).current_dir(workdir);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let output = common::assert_success(command.output().unwrap(), &format!("sbatch of\n{script}"));
+        String::from_utf8_lossy(&output.stdout).trim().to_string()
+    }
+
+    /// The job's (or array's) states as squeue shows them, every state included.
+    fn states(&self, job: &str) -> Vec<String> {
+        let output =
+            self.command("squeue").args(["-h", "-t", "all", "-j", job, "-o", "%T"]).output().unwrap();
+        String::from_utf8_lossy(&output.stdout).lines().map(str::to_string).collect()
+    }
+
+    /// Waits until every task of the job has ended; returns what the job-completion log says
+    /// of each of its runs (a requeued job ends more than once), as (state, exit code).
+    fn wait_for_end(&self, job: &str, limit: Duration) -> Vec<(String, String)> {
+        let started = Instant::now();
+        loop {
+            let states = self.states(job);
+            if !states.is_empty() && states.iter().all(|state| FINAL_STATES.contains(&state.as_str())) {
+                break;
+            }
+            assert!(
+                started.elapsed() < limit,
+                "job {job} still {states:?} after {limit:?}:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        self.ended_runs(job)
+    }
+
+    /// Every run of the job that ended, from `sacct -c` (the job-completion log).
+    fn ended_runs(&self, job: &str) -> Vec<(String, String)> {
+        let output =
+            self.command("sacct").args(["-c", "-n", "-P", "-o", "JobID,State,ExitCode"]).output().unwrap();
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split('|').collect();
+                (fields.len() == 3 && fields[0] == job)
+                    .then(|| (fields[1].to_string(), fields[2].to_string()))
+            })
+            .collect()
+    }
+
+    /// Waits until `condition` holds, failing with the cluster's logs after `limit`.
+    fn wait_until(&self, what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
+        let started = Instant::now();
+        while !condition() {
+            assert!(started.elapsed() < limit, "{what}: not within {limit:?}\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The daemons' logs, for a failure's message.
+    fn logs(&self) -> String {
+        let mut logs = String::new();
+        for name in ["slurmctld.log", "slurmd.log"] {
+            let text = std::fs::read_to_string(self.dir.join("log").join(name)).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(15).collect();
+            logs.push_str(&format!("--- {name} (last lines)\n"));
+            for line in tail.into_iter().rev() {
+                logs.push_str(line);
+                logs.push('\n');
+            }
+        }
+        logs
+    }
+}
+
+impl Drop for Slurm {
+    fn drop(&mut self) {
+        let _ = Command::new(common::repo().join("scripts/slurm")).arg("down").arg(&self.dir).output();
+    }
+}
+
+/// The states a job (or an array task) ends in.
+const FINAL_STATES: &[&str] =
+    &["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"];
+
+/// The README's job scripts: its indented code blocks that start with `#!/bin/bash` and hold
+/// `#SBATCH` lines, each up to its first blank line.
+fn readme_job_scripts() -> Vec<String> {
+    let readme = std::fs::read_to_string(common::repo().join("README.md")).unwrap();
+    let mut scripts = Vec::new();
+    let mut current: Option<String> = None;
+    for line in readme.lines() {
+        match (&mut current, line.strip_prefix("    ")) {
+            (None, Some("#!/bin/bash")) => current = Some("#!/bin/bash\n".to_string()),
+            (Some(script), Some(body)) if !body.trim().is_empty() => {
+                script.push_str(body);
+                script.push('\n');
+            }
+            (Some(_), _) => scripts.push(current.take().unwrap()),
+            _ => {}
+        }
+    }
+    scripts.extend(current);
+    scripts.retain(|script| script.contains("#SBATCH"));
+    scripts
+}
+
+/// The one README job script that contains `marker`.
+fn readme_job(marker: &str) -> String {
+    let found: Vec<String> = readme_job_scripts().into_iter().filter(|s| s.contains(marker)).collect();
+    assert_eq!(found.len(), 1, "README job scripts containing {marker:?}: {found:#?}");
+    found.into_iter().next().unwrap()
+}
+
+/// `script` with each `(from, to)` replaced; each `from` must occur, so that a README edit that
+/// the test no longer matches fails here rather than submitting something else.
+fn substitute(script: &str, replacements: &[(&str, &str)]) -> String {
+    let mut script = script.to_string();
+    for (from, to) in replacements {
+        assert!(script.contains(from), "the README's job script no longer contains {from:?}:\n{script}");
+        script = script.replace(from, to);
+    }
+    script
+}
+
+/// A configuration for the jobs: 4 classes x 24 images at 64 px, batch 8, one thread per rank
+/// (several ranks share 2 cores), a step logged each time, only epoch checkpoints (so that a
+/// mid-epoch checkpoint is a stop's).
+fn job_config(dir: &Path, epochs: u32) -> PathBuf {
+    let data = dir.join("data");
+    if !data.exists() {
+        common::synth(dir, 24, 4, 72);
+    }
+    let config = dir.join(format!("job-{epochs}-epochs.toml"));
+    std::fs::write(
+        &config,
+        format!(
+            "[data]\nroot = {:?}\nimage_size = 64\nbatch_size = 8\nworkers = 0\n\n\
+             [train]\nepochs = {epochs}\nthreads = 1\nlog_every_steps = 1\n\n\
+             [checkpoint]\nevery_steps = 0\nkeep_last = 1000\n",
+            data.to_string_lossy()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+fn summary(run: &Path) -> Value {
+    let text = std::fs::read_to_string(run.join("summary.json"))
+        .unwrap_or_else(|e| panic!("{}: {e}", run.join("summary.json").display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The stops a job's output reports (rank 0's "stopped at global step N ..., checkpoint
+/// PATH; ..."), each checked to have left a valid checkpoint of that step; their global steps.
+fn stops(log: &str) -> Vec<u64> {
+    let mut steps = Vec::new();
+    for line in
+        log.lines().filter(|line| line.contains("stopped at global step") && line.contains(", checkpoint "))
+    {
+        let after = line.split("stopped at global step ").nth(1).unwrap();
+        let step: u64 = after.split(' ').next().unwrap().parse().unwrap_or_else(|e| panic!("{e}: {line}"));
+        let path = line.split(", checkpoint ").nth(1).unwrap().split(';').next().unwrap();
+        let meta = rtrain::run_dir::checkpoint::read_meta(Path::new(path))
+            .unwrap_or_else(|e| panic!("{path}: {e:#}"));
+        assert_eq!(meta.global_step, step, "{line}");
+        steps.push(step);
+    }
+    steps
+}
+
+/// The global step of the run's newest logged training step.
+fn last_step(run: &Path) -> Option<u64> {
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default();
+    metrics
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|record| record["kind"] == "step")
+        .filter_map(|record| record["global_step"].as_u64())
+        .max()
+}
+
+fn job_output(workdir: &Path, job: &str) -> String {
+    std::fs::read_to_string(workdir.join(format!("slurm-{job}.out"))).unwrap_or_default()
+}
+
+/// The README's training job, requeued until done: preempted by Slurm's own `--signal=USR1@N`
+/// at its first time-limit check, and, as a second job, by `scancel --signal=USR1` (the script
+/// requeues it), then by a plain `scancel` (SIGTERM to tasks and script: cancelled, not
+/// requeued) and submitted again. Both end with the weights of one uninterrupted `srun` run.
+#[test]
+fn the_readmes_job_preempted_by_slurm_and_by_scancel_ends_as_an_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    // About 35 s uninterrupted here (2 ranks, AVX-512 with bf16), longer than the 0-30 s until
+    // Slurm's first warning.
+    let config = job_config(work, 12);
+    let slurm = Slurm::up(work, 8);
+    let config_arg = config.to_string_lossy().to_string();
+
+    // The README's plain `srun --mpi=pmix -n N rtrain train` line, uninterrupted.
+    let started = Instant::now();
+    let mut reference = slurm.command("timeout");
+    reference.args(["600", "srun", "--mpi=pmix", "-n", "2", "rtrain", "train", "--config", &config_arg]);
+    reference.args(["--run-dir", "runs/straight"]).current_dir(work);
+    common::assert_success(reference.output().unwrap(), "srun -n 2 rtrain train (uninterrupted)");
+    let straight = summary(&work.join("runs/straight"));
+    eprintln!("uninterrupted srun -n 2: {:.1} s", started.elapsed().as_secs_f64());
+    assert_eq!(straight["world_size"], 2);
+
+    let readme = readme_job("--time=02:00:00");
+    let one_node = |signal: &str| {
+        substitute(
+            &readme,
+            &[
+                (
+                    "--nodes=2 --ntasks-per-node=4 --gpus-per-node=4 --time=02:00:00",
+                    "--nodes=1 --ntasks-per-node=2 --time=1",
+                ),
+                ("--signal=USR1@120", signal),
+                ("configs/designsafe.toml", &config_arg),
+            ],
+        )
+    };
+    let work_env = [("WORK", work.to_str().unwrap())];
+
+    // Slurm's warning comes at the first 30 s check with at most N + 30 s left: with a time
+    // limit of one minute and N = 30, at the first check, 0-30 s into each start.
+    let started = Instant::now();
+    let by_slurm = slurm.sbatch(
+        &substitute(&one_node("--signal=USR1@30"), &[("runs/damage", "runs/by-slurm")]),
+        work,
+        &work_env,
+    );
+
+    // The second job is stopped by hand: a warning to the tasks (requeued by the script), then
+    // scancel's SIGTERM to tasks and script (cancelled), then submitted again.
+    let by_hand_script = substitute(
+        &one_node("--signal=USR1@30"),
+        &[
+            ("--signal=USR1@30", "--signal=USR1@1"),
+            ("--time=1", "--time=30"),
+            ("runs/damage", "runs/by-hand"),
+        ],
+    );
+    let by_hand = slurm.sbatch(&by_hand_script, work, &work_env);
+    let by_hand_run = work.join("runs/by-hand");
+    slurm.wait_until("the second job trains", Duration::from_secs(120), || last_step(&by_hand_run).is_some());
+    let output = slurm.command("scancel").args(["--signal=USR1", &by_hand]).output().unwrap();
+    common::assert_success(output, "scancel --signal=USR1");
+    slurm.wait_until("the job stopped, requeued and training again", Duration::from_secs(180), || {
+        let first_stop = stops(&job_output(work, &by_hand)).first().copied();
+        job_output(work, &by_hand).contains("resumed from")
+            && first_stop.is_some_and(|stop| last_step(&by_hand_run).is_some_and(|step| step > stop))
+    });
+    let output = slurm.command("scancel").arg(&by_hand).output().unwrap();
+    common::assert_success(output, "scancel");
+    let runs = slurm.wait_for_end(&by_hand, Duration::from_secs(120));
+    let log = job_output(work, &by_hand);
+    assert_eq!(
+        runs,
+        [("PENDING".to_string(), "0:0".to_string()), ("CANCELLED".to_string(), "0:0".to_string())],
+        "requeued by the script, then cancelled:\n{log}"
+    );
+    assert_eq!(stops(&log).len(), 2, "a checkpoint at each stop:\n{log}");
+    let resubmitted = slurm.sbatch(&by_hand_script, work, &work_env);
+    let runs = slurm.wait_for_end(&resubmitted, Duration::from_secs(300));
+    let log = job_output(work, &resubmitted);
+    assert_eq!(runs, [("COMPLETED".to_string(), "0:0".to_string())], "{log}");
+    assert_eq!(summary(&by_hand_run)["weights_sha256"], straight["weights_sha256"], "{log}");
+
+    let runs = slurm.wait_for_end(&by_slurm, Duration::from_secs(600));
+    let log = job_output(work, &by_slurm);
+    eprintln!(
+        "preempted by Slurm's signal, requeued until done: {:.1} s, runs {runs:?}",
+        started.elapsed().as_secs_f64()
+    );
+    let stopped = stops(&log);
+    assert!(
+        !stopped.is_empty(),
+        "Slurm's warning never stopped the job (it should come 0-30 s into a 1-minute job):\n{log}"
+    );
+    // The job-completion log records each requeue as the job going back to PENDING.
+    let mut expected = vec![("PENDING".to_string(), "0:0".to_string()); stopped.len()];
+    expected.push(("COMPLETED".to_string(), "0:0".to_string()));
+    assert_eq!(runs, expected, "{log}");
+    assert_eq!(log.matches("resumed from").count(), stopped.len(), "a resume after each stop:\n{log}");
+    assert_eq!(summary(&work.join("runs/by-slurm"))["weights_sha256"], straight["weights_sha256"], "{log}");
+}
+
+/// A job that reaches its time limit with no `--signal`: Slurm's SIGTERM, SIGTERM again a few
+/// milliseconds later, then SIGKILL after KillWait. The pair is one request: a checkpoint and
+/// exit 75 in time (rtrain exited 143 with nothing saved before it counted them as one).
+#[test]
+fn a_job_at_its_time_limit_without_a_warning_still_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    let config = job_config(work, 1000);
+    let slurm = Slurm::up(work, 4);
+    let script = substitute(
+        &readme_job("--time=02:00:00"),
+        &[
+            ("--nodes=2 --ntasks-per-node=4 --gpus-per-node=4 --time=02:00:00", "--ntasks=1 --time=1"),
+            ("#SBATCH --signal=USR1@120      # warn every rank 2 minutes before the time limit\n", ""),
+            ("configs/designsafe.toml", &config.to_string_lossy()),
+        ],
+    );
+    let started = Instant::now();
+    let job = slurm.sbatch(&script, work, &[("WORK", work.to_str().unwrap())]);
+    let runs = slurm.wait_for_end(&job, Duration::from_secs(240));
+    let log = job_output(work, &job);
+    eprintln!("time limit 1 min: ended {:.1} s after submission, {runs:?}", started.elapsed().as_secs_f64());
+    assert_eq!(runs.len(), 1, "not requeued: the script is signalled too:\n{log}");
+    assert_eq!(runs[0].0, "TIMEOUT", "{log}");
+    assert!(log.contains("task 0: Exited with exit code 75"), "{log}");
+    assert_eq!(stops(&log).len(), 1, "one stop, with its checkpoint:\n{log}");
+}
+
+/// The README's job array: one seed per array task, each into its own run directory, then the
+/// README's `rtrain report` over them (seed statistics of 3 runs).
+#[test]
+fn the_readmes_job_array_trains_one_seed_per_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    let config = job_config(work, 1);
+    let slurm = Slurm::up(work, 4);
+    let script = substitute(
+        &readme_job("--array="),
+        &[
+            ("--array=1-5 --ntasks=4 --gpus-per-task=1 --time=04:00:00", "--array=1-3 --ntasks=1 --time=10"),
+            ("configs/designsafe.toml", &config.to_string_lossy()),
+        ],
+    );
+    let started = Instant::now();
+    let array = slurm.sbatch(&script, work, &[("WORK", work.to_str().unwrap())]);
+    slurm.wait_for_end(&array, Duration::from_secs(300));
+    eprintln!("3-task array: {:.1} s", started.elapsed().as_secs_f64());
+    let outputs: String =
+        (1..=3).map(|task| job_output(work, &format!("{array}_{task}"))).collect::<Vec<_>>().join("\n");
+    assert_eq!(slurm.states(&array), ["COMPLETED"; 3], "{outputs}");
+    let mut weights = Vec::new();
+    for seed in 1..=3 {
+        let run = work.join(format!("runs/damage-seed{seed}"));
+        let manifest: Value =
+            serde_json::from_str(&std::fs::read_to_string(run.join("manifest.json")).unwrap()).unwrap();
+        assert_eq!(manifest["config"]["run"]["seed"], seed, "{}", run.display());
+        weights.push(summary(&run)["weights_sha256"].as_str().unwrap().to_string());
+    }
+    weights.dedup();
+    assert_eq!(weights.len(), 3, "three seeds, three different models");
+
+    // The README's report line, after the array.
+    let readme = std::fs::read_to_string(common::repo().join("README.md")).unwrap();
+    let report_line = readme
+        .lines()
+        .find(|line| line.trim_start().starts_with("rtrain report $WORK/runs/damage-seed*"))
+        .expect("the README's report line after the job array");
+    let mut report = slurm.command("bash");
+    report.args(["-c", report_line.trim()]).env("WORK", work).current_dir(work);
+    common::assert_success(report.output().unwrap(), report_line);
+    let seeds = std::fs::read_to_string(work.join("reports/damage/seeds.csv")).unwrap();
+    assert!(
+        seeds.lines().nth(1).is_some_and(|row| row.contains(",3,")),
+        "n = 3 in the seed statistics:\n{seeds}"
+    );
+}
+
+/// `rtrain doctor --json` and `env`, written by `command` into `workdir/NAME.json` and
+/// `NAME.env` (a shell snippet; `$TAG` names the file).
+fn doctor_and_env(tag: &str) -> String {
+    format!("rtrain doctor --json > {tag}.json; env > {tag}.env")
+}
+
+fn read_doctor(workdir: &Path, tag: &str) -> (Value, String) {
+    let json = std::fs::read_to_string(workdir.join(format!("{tag}.json")))
+        .unwrap_or_else(|e| panic!("{tag}.json: {e}"));
+    let doctor: Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{tag}.json: {e}\n{json}"));
+    let env = std::fs::read_to_string(workdir.join(format!("{tag}.env"))).unwrap();
+    (doctor["environment"].clone(), env)
+}
+
+fn has_var(env: &str, name: &str) -> bool {
+    env.lines().any(|line| line.starts_with(&format!("{name}=")))
+}
+
+/// Launched or not, as Slurm really sets it (the README's table): a batch script, an `srun`
+/// step, an `salloc` shell and `mpirun` inside that allocation, each with `env` recorded and
+/// `rtrain doctor` reporting the launch and the job; and a batch script without `srun` trains
+/// as one process with a warning naming `srun` (it stopped with a world-size mismatch before).
+#[test]
+fn launched_or_not_in_a_batch_script_a_step_salloc_and_mpirun() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    let config = job_config(work, 1);
+    let slurm = Slurm::up(work, 4);
+    let script = format!(
+        "#!/bin/bash\n#SBATCH -n 2\n{}\nsrun --mpi=pmix bash -c '{}'\nrtrain train --config {} --run-dir runs/batch\n",
+        doctor_and_env("batch"),
+        doctor_and_env("step-$SLURM_PROCID"),
+        config.display()
+    );
+    let job = slurm.sbatch(&script, work, &[]);
+    let mut salloc = slurm.command("timeout");
+    salloc
+        .args(["300", "salloc", "-n", "2", "bash", "-c"])
+        .arg(format!(
+            "{}; mpirun -np 2 --oversubscribe bash -c '{}'",
+            doctor_and_env("salloc"),
+            doctor_and_env("mpirun-$OMPI_COMM_WORLD_RANK")
+        ))
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .current_dir(work);
+    common::assert_success(salloc.output().unwrap(), "salloc -n 2 with mpirun inside");
+    let runs = slurm.wait_for_end(&job, Duration::from_secs(300));
+    let output = job_output(work, &job);
+    assert_eq!(runs, [("COMPLETED".to_string(), "0:0".to_string())], "{output}");
+
+    let (batch, env) = read_doctor(work, "batch");
+    assert!(has_var(&env, "SLURM_PROCID") && has_var(&env, "SLURM_NTASKS"), "{env}");
+    assert!(!has_var(&env, "SLURM_STEP_ID") && !has_var(&env, "PMIX_RANK"), "{env}");
+    assert_eq!(batch["mpi"]["launcher"], Value::Null, "a batch script is one process: {batch}");
+    assert_eq!(
+        (batch["slurm"]["job_id"].as_str(), batch["slurm"]["tasks"].as_u64()),
+        (Some(job.as_str()), Some(2))
+    );
+    assert_eq!(batch["slurm"]["step"], Value::Null);
+    assert!(batch["slurm_note"].as_str().is_some_and(|note| note.contains("srun")), "{batch}");
+    for rank in 0..2u64 {
+        let (step, env) = read_doctor(work, &format!("step-{rank}"));
+        assert!(has_var(&env, "SLURM_STEP_ID") && has_var(&env, "PMIX_RANK"), "{env}");
+        assert_eq!(step["mpi"]["launcher"], "Slurm (srun)", "{step}");
+        assert_eq!(
+            (step["mpi"]["job"]["rank"].as_u64(), step["mpi"]["job"]["world_size"].as_u64()),
+            (Some(rank), Some(2))
+        );
+        assert_eq!(
+            (step["slurm"]["step"].as_str(), step["slurm"]["tasks_on_this_node"].as_u64()),
+            (Some("0"), Some(2))
+        );
+        assert_eq!(step["slurm_note"], Value::Null);
+    }
+    let (salloc, env) = read_doctor(work, "salloc");
+    assert!(!has_var(&env, "SLURM_PROCID") && has_var(&env, "SLURM_NTASKS"), "{env}");
+    assert_eq!(salloc["mpi"]["launcher"], Value::Null, "{salloc}");
+    assert!(salloc["slurm"]["job_id"].is_string(), "{salloc}");
+    for rank in 0..2u64 {
+        let (mpirun, env) = read_doctor(work, &format!("mpirun-{rank}"));
+        assert!(has_var(&env, "OMPI_COMM_WORLD_RANK") && !has_var(&env, "SLURM_STEP_ID"), "{env}");
+        assert_eq!(mpirun["mpi"]["launcher"], "OpenMPI (mpirun)", "{mpirun}");
+        assert_eq!(
+            (mpirun["mpi"]["job"]["rank"].as_u64(), mpirun["mpi"]["job"]["world_size"].as_u64()),
+            (Some(rank), Some(2))
+        );
+        assert_eq!(mpirun["slurm_note"], Value::Null, "mpirun launched it: {mpirun}");
+    }
+
+    // rtrain train in the batch script, without srun: one process, and a warning naming srun.
+    assert_eq!(summary(&work.join("runs/batch"))["world_size"], 1, "{output}");
+    assert!(
+        output.contains(&format!("Slurm job {job} has 2 tasks")) && output.contains("srun rtrain train"),
+        "{output}"
+    );
+}
+
+/// Every job script in the README is submitted by a test here, or cannot run on these machines
+/// (named with the reason); none asks for `--signal=B:...`, which signals only the batch shell
+/// (the ranks would never checkpoint).
+#[test]
+fn every_readme_job_script_is_submitted_or_named_as_unrunnable_here() {
+    let submitted = ["--time=02:00:00", "--array="];
+    // Apptainer cannot be installed here; ibrun is TACC's.
+    let unrunnable = ["srun --mpi=pmix apptainer run", "ibrun"];
+    let scripts = readme_job_scripts();
+    assert!(scripts.len() >= 4, "{scripts:#?}");
+    for script in &scripts {
+        let covered = submitted.iter().chain(&unrunnable).filter(|marker| script.contains(*marker)).count();
+        assert_eq!(covered, 1, "a README job script no test submits (or two markers match):\n{script}");
+        assert!(!script.contains("--signal=B:"), "B: signals only the batch shell:\n{script}");
+    }
+    for marker in submitted {
+        readme_job(marker);
+    }
+}
