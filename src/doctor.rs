@@ -172,6 +172,9 @@ fn gpu_option(runtime: Runtime) -> &'static str {
         Runtime::Apptainer => {
             "add --nv: `apptainer run --nv rtrain.sif ...` (binds the driver and /dev/nvidia*)"
         }
+        Runtime::Charliecloud => {
+            "inject the host's NVIDIA libraries into the image directory once: `ch-fromhost --nvidia IMAGE_DIR`"
+        }
         Runtime::Docker => {
             "add --gpus all: `docker run --gpus all ...` (needs the NVIDIA Container Toolkit on the host)"
         }
@@ -568,6 +571,16 @@ mod tests {
             gpus: 4,
             requested: false,
             gpu_fix: None,
+        },
+        Case {
+            // An image directory from `docker export` keeps /.dockerenv.
+            name: "charliecloud (ch-run) on an exported Docker image, GPUs expected",
+            files: &[".dockerenv"],
+            vars: &[("CH_RUNNING", "Weird Al Yankovic"), ("NVIDIA_VISIBLE_DEVICES", "all")],
+            runtime: Runtime::Charliecloud,
+            gpus: 0,
+            requested: true,
+            gpu_fix: Some("ch-fromhost --nvidia"),
         },
         Case {
             name: "GPUs switched off on purpose",

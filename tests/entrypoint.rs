@@ -153,11 +153,11 @@ fn a_slurm_batch_script_without_srun_is_one_process() {
     assert!(rtrain::cluster::launcher::unlaunched_in_slurm_batch(env).is_some_and(|w| w.contains("srun")));
 }
 
-/// Under Apptainer the host's launcher starts the ranks. With `--cleanenv` (or `--containall`)
+/// Under Apptainer (and Charliecloud) the host's launcher starts the ranks. With `--cleanenv` (or `--containall`)
 /// its variables are gone while /dev shows every GPU of the node: each of srun's tasks must
 /// still be one process, not G ranks of its own.
 #[test]
-fn apptainer_never_starts_ranks_of_its_own() {
+fn apptainer_and_charliecloud_never_start_ranks_of_their_own() {
     for marks in [&[".singularity.d/", "dev/nvidia0", "dev/nvidia1"][..], &["dev/nvidia0", "dev/nvidia1"]] {
         let scene = Scene::new(marks);
         let output = scene.run(&[("APPTAINER_CONTAINER", "/scratch/rtrain.sif")], &["train"]);
@@ -169,6 +169,12 @@ fn apptainer_never_starts_ranks_of_its_own() {
             stderr(&output)
         );
     }
+    // Charliecloud's ch-run on an image directory from `docker export` (it keeps /.dockerenv):
+    // an HPC runtime under the host's launcher, not Docker, so no ranks of its own either.
+    let exported = Scene::new(&[".dockerenv", "dev/nvidia0", "dev/nvidia1"]);
+    let output = exported.run(&[("CH_RUNNING", "Weird Al Yankovic")], &["train"]);
+    assert_eq!(lines(&output), ["rtrain", "[train]"], "{}", stderr(&output));
+    assert!(stderr(&output).contains("runtime charliecloud, 2 GPU(s), launcher: no"), "{}", stderr(&output));
     // No container at all (a login node, a bare GPU box): the same.
     let bare = Scene::new(&["dev/nvidia0", "dev/nvidia1"]).run(&[], &["train"]);
     assert_eq!(lines(&bare), ["rtrain", "[train]"]);

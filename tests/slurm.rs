@@ -533,7 +533,7 @@ fn launched_or_not_in_a_batch_script_a_step_salloc_and_mpirun() {
 /// (the ranks would never checkpoint).
 #[test]
 fn every_readme_job_script_is_submitted_or_named_as_unrunnable_here() {
-    let submitted = ["--time=02:00:00", "--array="];
+    let submitted = ["--time=02:00:00", "--array=", "ch-run"];
     // Apptainer cannot be installed here; ibrun is TACC's.
     let unrunnable = ["srun --mpi=pmix apptainer run", "ibrun"];
     let scripts = readme_job_scripts();
@@ -546,4 +546,81 @@ fn every_readme_job_script_is_submitted_or_named_as_unrunnable_here() {
     for marker in submitted {
         readme_job(marker);
     }
+}
+
+/// The image as a Charliecloud image directory: `scripts/container build` with the rtrain under
+/// test (and its libtorch), exported from Docker into `dir`. The Docker image is removed again.
+#[cfg(feature = "test-docker")]
+fn charliecloud_image(dir: &Path) -> PathBuf {
+    let tag = format!("rtrain:slurm-test-{}", std::process::id());
+    let output = Command::new(common::repo().join("scripts/container"))
+        .args(["build", "--binary", env!("CARGO_BIN_EXE_rtrain")])
+        .env("RTRAIN_IMAGE_TAG", &tag)
+        .output()
+        .unwrap();
+    common::assert_success(output, "scripts/container build");
+    let create = Command::new("docker").args(["create", &tag]).output().unwrap();
+    let container =
+        String::from_utf8_lossy(&common::assert_success(create, "docker create").stdout).trim().to_string();
+    std::fs::create_dir_all(dir).unwrap();
+    let export = Command::new("sh")
+        .arg("-c")
+        .arg(format!("docker export {container} | tar -x -C {}", dir.display()))
+        .output()
+        .unwrap();
+    let _ = Command::new("docker").args(["rm", &container]).output();
+    let _ = Command::new("docker").args(["rmi", &tag]).output();
+    common::assert_success(export, "docker export | tar -x");
+    dir.to_path_buf()
+}
+
+/// The README's Charliecloud job (the hybrid model: `srun --mpi=pmix ch-run IMAGE --
+/// /opt/rtrain/entrypoint train ...`): each task is a rank inside the image, joined through the
+/// host Slurm's PMIx by the image's Open MPI, the entrypoint recognising Charliecloud (no ranks
+/// of its own); the weights equal those of the same job run by `srun` without a container.
+#[cfg(feature = "test-docker")]
+#[test]
+fn the_readmes_charliecloud_job_trains_in_the_image_as_on_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    let config = job_config(work, 1);
+    let started = Instant::now();
+    charliecloud_image(&work.join("rtrain"));
+    eprintln!("image built and exported: {:.1} s", started.elapsed().as_secs_f64());
+    let slurm = Slurm::up(work, 4);
+    let config_arg = config.to_string_lossy().to_string();
+    let mut host = slurm.command("timeout");
+    host.args(["300", "srun", "--mpi=pmix", "-n", "2", "rtrain", "train", "--config", &config_arg]);
+    host.args(["--run-dir", "runs/host"]).current_dir(work);
+    common::assert_success(host.output().unwrap(), "srun -n 2 rtrain train on the host");
+
+    let script = substitute(
+        &readme_job("ch-run"),
+        &[
+            (
+                "-N 2 --ntasks-per-node=4 --gpus-per-node=4 --time=04:00:00",
+                "-N 1 --ntasks-per-node=2 --time=10",
+            ),
+            ("/opt/rtrain/configs/designsafe.toml", &config_arg),
+        ],
+    );
+    let started = Instant::now();
+    // ch-run needs USER; the job's environment is the submitter's.
+    let job = slurm.sbatch(&script, work, &[("SCRATCH", work.to_str().unwrap()), ("USER", "root")]);
+    let runs = slurm.wait_for_end(&job, Duration::from_secs(300));
+    let log = job_output(work, &job);
+    eprintln!("Charliecloud job: {:.1} s", started.elapsed().as_secs_f64());
+    assert_eq!(runs, [("COMPLETED".to_string(), "0:0".to_string())], "{log}");
+    assert_eq!(
+        log.matches("entrypoint: runtime charliecloud, 0 GPU(s), launcher: SLURM_PROCID").count(),
+        2,
+        "{log}"
+    );
+    assert!(
+        !log.contains("single_copy_mechanism CMA is"),
+        "the entrypoint turns CMA off under ch-run:\n{log}"
+    );
+    let in_image = summary(&work.join("runs/damage"));
+    assert_eq!(in_image["world_size"], 2, "{log}");
+    assert_eq!(in_image["weights_sha256"], summary(&work.join("runs/host"))["weights_sha256"], "{log}");
 }

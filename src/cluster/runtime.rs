@@ -51,6 +51,9 @@ impl Probe {
 #[serde(rename_all = "lowercase")]
 pub enum Runtime {
     Apptainer,
+    /// Charliecloud's `ch-run IMAGE_DIR -- CMD` (unprivileged, no daemon; passes the host's
+    /// environment through as Apptainer does).
+    Charliecloud,
     Podman,
     Docker,
     None,
@@ -60,6 +63,7 @@ impl fmt::Display for Runtime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Runtime::Apptainer => "apptainer",
+            Runtime::Charliecloud => "charliecloud",
             Runtime::Podman => "podman",
             Runtime::Docker => "docker",
             Runtime::None => "none",
@@ -68,8 +72,10 @@ impl fmt::Display for Runtime {
 }
 
 /// Reads the marks each runtime leaves: Apptainer/Singularity's variables and `/.singularity.d`,
-/// Podman's `/run/.containerenv` (or `container=podman`), Docker's `/.dockerenv`. Podman is
-/// checked before Docker because Podman may create `/.dockerenv` too.
+/// Charliecloud's `CH_RUNNING`, Podman's `/run/.containerenv` (or `container=podman`), Docker's
+/// `/.dockerenv`. Charliecloud comes before the files, since an image directory made by
+/// `docker export` keeps `/.dockerenv`; Podman before Docker, since Podman may create
+/// `/.dockerenv` too.
 pub fn detect_runtime(probe: &Probe) -> Runtime {
     let apptainer_var =
         ["APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "APPTAINER_NAME", "SINGULARITY_NAME"]
@@ -77,6 +83,8 @@ pub fn detect_runtime(probe: &Probe) -> Runtime {
             .any(|name| probe.var(name).is_some());
     if apptainer_var || probe.path("/.singularity.d").is_dir() {
         Runtime::Apptainer
+    } else if probe.var("CH_RUNNING").is_some() {
+        Runtime::Charliecloud
     } else if probe.path("/run/.containerenv").exists() || probe.var("container") == Some("podman") {
         Runtime::Podman
     } else if probe.path("/.dockerenv").exists() {
