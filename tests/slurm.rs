@@ -44,7 +44,10 @@ impl Slurm {
     /// A Slurm command (or any command that talks to it) for this cluster, with the rtrain
     /// under test first on the PATH and no Slurm variables of an enclosing job.
     fn command(&self, program: &str) -> Command {
-        let mut command = Command::new(program);
+        // `scripts/slurm exec` runs it here with SLURM_CONF set, or on a container cluster's
+        // first node.
+        let mut command = Command::new(common::repo().join("scripts/slurm"));
+        command.arg("exec").arg(&self.dir).arg(program);
         for (name, _) in std::env::vars() {
             if name.starts_with("SLURM_") {
                 command.env_remove(name);
@@ -55,7 +58,7 @@ impl Slurm {
             std::iter::once(bin).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
         )
         .unwrap();
-        command.env("SLURM_CONF", self.dir.join("slurm.conf")).env("PATH", path).env_remove("RUST_LOG");
+        command.env("PATH", path).env_remove("RUST_LOG");
         command
     }
 
@@ -64,11 +67,10 @@ impl Slurm {
     fn sbatch(&self, script: &str, workdir: &Path, env: &[(&str, &str)]) -> String {
         let file = workdir.join(format!("job-{}.sh", SCRIPTS.fetch_add(1, Ordering::SeqCst)));
         std::fs::write(&file, script).unwrap();
-        let mut command = self.command("sbatch");
-        command.arg("--parsable").arg(&file).current_dir(workdir);
-        for (name, value) in env {
-            command.env(name, value);
-        }
+        // Through env(1), so that the variables reach sbatch on a container node as well.
+        let mut command = self.command("env");
+        command.args(env.iter().map(|(name, value)| format!("{name}={value}")));
+        command.arg("sbatch").arg("--parsable").arg(&file).current_dir(workdir);
         let output = common::assert_success(command.output().unwrap(), &format!("sbatch of\n{script}"));
         String::from_utf8_lossy(&output.stdout).trim().to_string()
     }
@@ -125,8 +127,14 @@ impl Slurm {
     /// The daemons' logs, for a failure's message.
     fn logs(&self) -> String {
         let mut logs = String::new();
-        for name in ["slurmctld.log", "slurmd.log"] {
-            let text = std::fs::read_to_string(self.dir.join("log").join(name)).unwrap_or_default();
+        let mut files: Vec<PathBuf> = std::fs::read_dir(self.dir.join("log"))
+            .map(|entries| entries.map(|entry| entry.unwrap().path()).collect())
+            .unwrap_or_default();
+        files.retain(|file| file.extension().is_some_and(|ext| ext == "log"));
+        files.sort();
+        for file in files {
+            let name = file.file_name().unwrap().to_string_lossy().to_string();
+            let text = std::fs::read_to_string(&file).unwrap_or_default();
             let tail: Vec<&str> = text.lines().rev().take(15).collect();
             logs.push_str(&format!("--- {name} (last lines)\n"));
             for line in tail.into_iter().rev() {
@@ -135,6 +143,31 @@ impl Slurm {
             }
         }
         logs
+    }
+}
+
+impl Slurm {
+    /// `nodes` nodes as containers of `image` (with Slurm's daemons added), `share` mounted at
+    /// its own path in each.
+    #[cfg(feature = "test-docker")]
+    fn up_containers(dir: &Path, nodes: usize, image: &str, share: &Path) -> Slurm {
+        let dir = dir.join("slurm");
+        let output = Command::new(common::repo().join("scripts/slurm"))
+            .arg("up")
+            .arg(&dir)
+            .args(["--containers", &nodes.to_string(), "--image", image, "--cpus", "2", "--share"])
+            .arg(share)
+            .output()
+            .expect("start scripts/slurm");
+        let slurm = Slurm { dir };
+        common::assert_success(output, "scripts/slurm up --containers");
+        slurm
+    }
+
+    /// The name of node `i`'s container.
+    fn container(&self, node: usize) -> String {
+        let name = std::fs::read_to_string(self.dir.join("containers")).expect("a container cluster");
+        format!("{}-node{node}", name.trim())
     }
 }
 
@@ -548,18 +581,27 @@ fn every_readme_job_script_is_submitted_or_named_as_unrunnable_here() {
     }
 }
 
-/// The image as a Charliecloud image directory: `scripts/container build` with the rtrain under
-/// test (and its libtorch), exported from Docker into `dir`. The Docker image is removed again.
+/// The rtrain image with the rtrain under test (and its libtorch), built once per process by
+/// `scripts/container build` (left for the next run; `rtrain-slurmnode` images build on it).
+#[cfg(feature = "test-docker")]
+fn test_image() -> &'static str {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    const TAG: &str = "rtrain:slurm-test";
+    BUILT.get_or_init(|| {
+        let output = Command::new(common::repo().join("scripts/container"))
+            .args(["build", "--binary", env!("CARGO_BIN_EXE_rtrain")])
+            .env("RTRAIN_IMAGE_TAG", TAG)
+            .output()
+            .unwrap();
+        common::assert_success(output, "scripts/container build");
+    });
+    TAG
+}
+
+/// The image as a Charliecloud image directory, exported from Docker into `dir`.
 #[cfg(feature = "test-docker")]
 fn charliecloud_image(dir: &Path) -> PathBuf {
-    let tag = format!("rtrain:slurm-test-{}", std::process::id());
-    let output = Command::new(common::repo().join("scripts/container"))
-        .args(["build", "--binary", env!("CARGO_BIN_EXE_rtrain")])
-        .env("RTRAIN_IMAGE_TAG", &tag)
-        .output()
-        .unwrap();
-    common::assert_success(output, "scripts/container build");
-    let create = Command::new("docker").args(["create", &tag]).output().unwrap();
+    let create = Command::new("docker").args(["create", test_image()]).output().unwrap();
     let container =
         String::from_utf8_lossy(&common::assert_success(create, "docker create").stdout).trim().to_string();
     std::fs::create_dir_all(dir).unwrap();
@@ -569,7 +611,6 @@ fn charliecloud_image(dir: &Path) -> PathBuf {
         .output()
         .unwrap();
     let _ = Command::new("docker").args(["rm", &container]).output();
-    let _ = Command::new("docker").args(["rmi", &tag]).output();
     common::assert_success(export, "docker export | tar -x");
     dir.to_path_buf()
 }
@@ -623,4 +664,112 @@ fn the_readmes_charliecloud_job_trains_in_the_image_as_on_the_host() {
     let in_image = summary(&work.join("runs/damage"));
     assert_eq!(in_image["world_size"], 2, "{log}");
     assert_eq!(in_image["weights_sha256"], summary(&work.join("runs/host"))["weights_sha256"], "{log}");
+}
+
+/// The README's job on two nodes, each a container of the image with slurmd (one network the
+/// test creates, the image's Open MPI wired up by Slurm's PMIx on each node): uninterrupted, and
+/// stopped by `scancel --signal=USR1` on both nodes and requeued, to the same weights. Then a
+/// lost node: node1's container killed mid-training. rank 0 ends the job after
+/// `dist.timeout_s`, naming rank 1 on node1; the last checkpoint stays valid, and once the node
+/// is back the same script, submitted again, resumes from it.
+#[cfg(feature = "test-docker")]
+#[test]
+fn two_container_nodes_run_the_readmes_job_and_survive_a_lost_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    let config = job_config(work, 2);
+    let started = Instant::now();
+    let slurm = Slurm::up_containers(work, 2, test_image(), work);
+    eprintln!("2 container nodes up (with the image): {:.1} s", started.elapsed().as_secs_f64());
+    let work_env = [("WORK", work.to_str().unwrap())];
+    let two_nodes = |run: &str, extra: &str| {
+        substitute(
+            &readme_job("--time=02:00:00"),
+            &[
+                (
+                    "--nodes=2 --ntasks-per-node=4 --gpus-per-node=4 --time=02:00:00",
+                    "--nodes=2 --ntasks-per-node=1 --time=10",
+                ),
+                ("configs/designsafe.toml", &config.to_string_lossy()),
+                ("runs/damage", run),
+                ("--resume auto", &format!("--resume auto {extra}")),
+            ],
+        )
+    };
+
+    let started = Instant::now();
+    let straight = slurm.sbatch(&two_nodes("runs/straight", ""), work, &work_env);
+    let runs = slurm.wait_for_end(&straight, Duration::from_secs(300));
+    let log = job_output(work, &straight);
+    eprintln!("2-node job: {:.1} s", started.elapsed().as_secs_f64());
+    assert_eq!(runs, [("COMPLETED".to_string(), "0:0".to_string())], "{log}");
+    assert!(log.contains("rank 0/2 (local 0/1) on node 0/2 (node0), Slurm (srun)"), "{log}");
+    let straight = summary(&work.join("runs/straight"));
+
+    let stopped = slurm.sbatch(&two_nodes("runs/stopped", ""), work, &work_env);
+    let run = work.join("runs/stopped");
+    slurm.wait_until("the job trains", Duration::from_secs(120), || last_step(&run).is_some());
+    common::assert_success(
+        slurm.command("scancel").args(["--signal=USR1", &stopped]).output().unwrap(),
+        "scancel",
+    );
+    let runs = slurm.wait_for_end(&stopped, Duration::from_secs(300));
+    let log = job_output(work, &stopped);
+    assert_eq!(runs.last().map(|run| run.0.as_str()), Some("COMPLETED"), "{runs:?}\n{log}");
+    assert_eq!(stops(&log).len(), 1, "{log}");
+    assert_eq!(summary(&run)["weights_sha256"], straight["weights_sha256"], "{log}");
+
+    // A lost node. Many epochs, a checkpoint every 2 steps, a short collective timeout.
+    let lost_script = two_nodes(
+        "runs/lost",
+        "--set dist.timeout_s=10 --set checkpoint.every_steps=2 --set train.epochs=$EPOCHS",
+    );
+    let lost = slurm.sbatch(&lost_script, work, &[work_env[0], ("EPOCHS", "100")]);
+    let run = work.join("runs/lost");
+    slurm.wait_until("the job trains 3 steps", Duration::from_secs(120), || {
+        last_step(&run).is_some_and(|step| step >= 3)
+    });
+    let killed = Instant::now();
+    common::assert_success(
+        Command::new("docker").args(["kill", &slurm.container(1)]).output().unwrap(),
+        "docker kill node1",
+    );
+    let runs = slurm.wait_for_end(&lost, Duration::from_secs(180));
+    let ended_after = killed.elapsed().as_secs_f64();
+    let log = job_output(work, &lost);
+    eprintln!("lost node: job {runs:?} {ended_after:.1} s after node1's container was killed");
+    assert_eq!(
+        runs,
+        [("FAILED".to_string(), "1:0".to_string())],
+        "the script passes srun's status on:\n{log}"
+    );
+    assert!(
+        log.contains("dist.timeout_s = 10; no answer from rank 1 on node1"),
+        "rank 0 names the silent rank and host:\n{log}"
+    );
+    assert!(ended_after < 90.0, "the job must end by itself promptly: {ended_after:.1} s\n{log}");
+    let newest = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.file_name().unwrap().to_string_lossy().starts_with("step-"))
+        .max()
+        .expect("a checkpoint before the loss");
+    let meta = rtrain::run_dir::checkpoint::read_meta(&newest).unwrap();
+
+    let restart = Command::new(common::repo().join("scripts/slurm"))
+        .arg("restart-node")
+        .arg(&slurm.dir)
+        .arg("1")
+        .output()
+        .unwrap();
+    common::assert_success(restart, "scripts/slurm restart-node");
+    let again = slurm.sbatch(&lost_script, work, &[work_env[0], ("EPOCHS", "2")]);
+    let runs = slurm.wait_for_end(&again, Duration::from_secs(300));
+    let log = job_output(work, &again);
+    assert_eq!(runs, [("COMPLETED".to_string(), "0:0".to_string())], "{log}");
+    assert!(
+        log.contains(&format!("(global step {})", meta.global_step)),
+        "resumed from the newest checkpoint {}:\n{log}",
+        newest.display()
+    );
 }
