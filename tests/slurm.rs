@@ -463,8 +463,8 @@ fn the_readmes_job_array_trains_one_seed_per_task() {
     );
 }
 
-/// `rtrain doctor --json` and `env`, written by `command` into `workdir/NAME.json` and
-/// `NAME.env` (a shell snippet; `$TAG` names the file).
+/// A shell snippet that writes `rtrain doctor --json` to `TAG.json` and `env` to `TAG.env` in
+/// the working directory (`tag` may hold shell variables, such as `$SLURM_PROCID`).
 fn doctor_and_env(tag: &str) -> String {
     format!("rtrain doctor --json > {tag}.json; env > {tag}.env")
 }
