@@ -75,6 +75,16 @@ impl Slurm {
         String::from_utf8_lossy(&output.stdout).trim().to_string()
     }
 
+    /// The README's plain `srun --mpi=pmix -n 2 rtrain train` line, run from `workdir` into
+    /// `run` (no batch script, no signal); returns its summary.
+    fn srun_train(&self, workdir: &Path, config: &Path, run: &str) -> Value {
+        let mut command = self.command("timeout");
+        command.args(["600", "srun", "--mpi=pmix", "-n", "2", "rtrain", "train", "--config"]);
+        command.arg(config).args(["--run-dir", run]).current_dir(workdir);
+        common::assert_success(command.output().unwrap(), &format!("srun -n 2 rtrain train --run-dir {run}"));
+        summary(&workdir.join(run))
+    }
+
     /// The job's (or array's) states as squeue shows them, every state included.
     fn states(&self, job: &str) -> Vec<String> {
         let output =
@@ -175,6 +185,11 @@ impl Drop for Slurm {
     fn drop(&mut self) {
         let _ = Command::new(common::repo().join("scripts/slurm")).arg("down").arg(&self.dir).output();
     }
+}
+
+/// One run of a job as `sacct -c` records it: (state, exit code).
+fn ended(state: &str, exit_code: &str) -> (String, String) {
+    (state.to_string(), exit_code.to_string())
 }
 
 /// The states a job (or an array task) ends in.
@@ -298,11 +313,7 @@ fn the_readmes_job_preempted_by_slurm_and_by_scancel_ends_as_an_uninterrupted_ru
 
     // The README's plain `srun --mpi=pmix -n N rtrain train` line, uninterrupted.
     let started = Instant::now();
-    let mut reference = slurm.command("timeout");
-    reference.args(["600", "srun", "--mpi=pmix", "-n", "2", "rtrain", "train", "--config", &config_arg]);
-    reference.args(["--run-dir", "runs/straight"]).current_dir(work);
-    common::assert_success(reference.output().unwrap(), "srun -n 2 rtrain train (uninterrupted)");
-    let straight = summary(&work.join("runs/straight"));
+    let straight = slurm.srun_train(work, &config, "runs/straight");
     eprintln!("uninterrupted srun -n 2: {:.1} s", started.elapsed().as_secs_f64());
     assert_eq!(straight["world_size"], 2);
 
@@ -357,14 +368,14 @@ fn the_readmes_job_preempted_by_slurm_and_by_scancel_ends_as_an_uninterrupted_ru
     let log = job_output(work, &by_hand);
     assert_eq!(
         runs,
-        [("PENDING".to_string(), "0:0".to_string()), ("CANCELLED".to_string(), "0:0".to_string())],
+        [ended("PENDING", "0:0"), ended("CANCELLED", "0:0")],
         "requeued by the script, then cancelled:\n{log}"
     );
     assert_eq!(stops(&log).len(), 2, "a checkpoint at each stop:\n{log}");
     let resubmitted = slurm.sbatch(&by_hand_script, work, &work_env);
     let runs = slurm.wait_for_end(&resubmitted, Duration::from_secs(300));
     let log = job_output(work, &resubmitted);
-    assert_eq!(runs, [("COMPLETED".to_string(), "0:0".to_string())], "{log}");
+    assert_eq!(runs, [ended("COMPLETED", "0:0")], "{log}");
     assert_eq!(summary(&by_hand_run)["weights_sha256"], straight["weights_sha256"], "{log}");
 
     let runs = slurm.wait_for_end(&by_slurm, Duration::from_secs(600));
@@ -379,8 +390,8 @@ fn the_readmes_job_preempted_by_slurm_and_by_scancel_ends_as_an_uninterrupted_ru
         "Slurm's warning never stopped the job (it should come 0-30 s into a 1-minute job):\n{log}"
     );
     // The job-completion log records each requeue as the job going back to PENDING.
-    let mut expected = vec![("PENDING".to_string(), "0:0".to_string()); stopped.len()];
-    expected.push(("COMPLETED".to_string(), "0:0".to_string()));
+    let mut expected = vec![ended("PENDING", "0:0"); stopped.len()];
+    expected.push(ended("COMPLETED", "0:0"));
     assert_eq!(runs, expected, "{log}");
     assert_eq!(log.matches("resumed from").count(), stopped.len(), "a resume after each stop:\n{log}");
     assert_eq!(summary(&work.join("runs/by-slurm"))["weights_sha256"], straight["weights_sha256"], "{log}");
@@ -512,7 +523,7 @@ fn launched_or_not_in_a_batch_script_a_step_salloc_and_mpirun() {
     common::assert_success(salloc.output().unwrap(), "salloc -n 2 with mpirun inside");
     let runs = slurm.wait_for_end(&job, Duration::from_secs(300));
     let output = job_output(work, &job);
-    assert_eq!(runs, [("COMPLETED".to_string(), "0:0".to_string())], "{output}");
+    assert_eq!(runs, [ended("COMPLETED", "0:0")], "{output}");
 
     let (batch, env) = read_doctor(work, "batch");
     assert!(has_var(&env, "SLURM_PROCID") && has_var(&env, "SLURM_NTASKS"), "{env}");
@@ -630,10 +641,7 @@ fn the_readmes_charliecloud_job_trains_in_the_image_as_on_the_host() {
     eprintln!("image built and exported: {:.1} s", started.elapsed().as_secs_f64());
     let slurm = Slurm::up(work, 4);
     let config_arg = config.to_string_lossy().to_string();
-    let mut host = slurm.command("timeout");
-    host.args(["300", "srun", "--mpi=pmix", "-n", "2", "rtrain", "train", "--config", &config_arg]);
-    host.args(["--run-dir", "runs/host"]).current_dir(work);
-    common::assert_success(host.output().unwrap(), "srun -n 2 rtrain train on the host");
+    let host = slurm.srun_train(work, &config, "runs/host");
 
     let script = substitute(
         &readme_job("ch-run"),
@@ -651,7 +659,7 @@ fn the_readmes_charliecloud_job_trains_in_the_image_as_on_the_host() {
     let runs = slurm.wait_for_end(&job, Duration::from_secs(300));
     let log = job_output(work, &job);
     eprintln!("Charliecloud job: {:.1} s", started.elapsed().as_secs_f64());
-    assert_eq!(runs, [("COMPLETED".to_string(), "0:0".to_string())], "{log}");
+    assert_eq!(runs, [ended("COMPLETED", "0:0")], "{log}");
     assert_eq!(
         log.matches("entrypoint: runtime charliecloud, 0 GPU(s), launcher: SLURM_PROCID").count(),
         2,
@@ -663,7 +671,7 @@ fn the_readmes_charliecloud_job_trains_in_the_image_as_on_the_host() {
     );
     let in_image = summary(&work.join("runs/damage"));
     assert_eq!(in_image["world_size"], 2, "{log}");
-    assert_eq!(in_image["weights_sha256"], summary(&work.join("runs/host"))["weights_sha256"], "{log}");
+    assert_eq!(in_image["weights_sha256"], host["weights_sha256"], "{log}");
 }
 
 /// The README's job on two nodes, each a container of the image with slurmd (one network the
@@ -702,7 +710,7 @@ fn two_container_nodes_run_the_readmes_job_and_survive_a_lost_node() {
     let runs = slurm.wait_for_end(&straight, Duration::from_secs(300));
     let log = job_output(work, &straight);
     eprintln!("2-node job: {:.1} s", started.elapsed().as_secs_f64());
-    assert_eq!(runs, [("COMPLETED".to_string(), "0:0".to_string())], "{log}");
+    assert_eq!(runs, [ended("COMPLETED", "0:0")], "{log}");
     assert!(log.contains("rank 0/2 (local 0/1) on node 0/2 (node0), Slurm (srun)"), "{log}");
     let straight = summary(&work.join("runs/straight"));
 
@@ -738,11 +746,7 @@ fn two_container_nodes_run_the_readmes_job_and_survive_a_lost_node() {
     let ended_after = killed.elapsed().as_secs_f64();
     let log = job_output(work, &lost);
     eprintln!("lost node: job {runs:?} {ended_after:.1} s after node1's container was killed");
-    assert_eq!(
-        runs,
-        [("FAILED".to_string(), "1:0".to_string())],
-        "the script passes srun's status on:\n{log}"
-    );
+    assert_eq!(runs, [ended("FAILED", "1:0")], "the script passes srun's status on:\n{log}");
     assert!(
         log.contains("dist.timeout_s = 10; no answer from rank 1 on node1"),
         "rank 0 names the silent rank and host:\n{log}"
@@ -766,7 +770,7 @@ fn two_container_nodes_run_the_readmes_job_and_survive_a_lost_node() {
     let again = slurm.sbatch(&lost_script, work, &[work_env[0], ("EPOCHS", "2")]);
     let runs = slurm.wait_for_end(&again, Duration::from_secs(300));
     let log = job_output(work, &again);
-    assert_eq!(runs, [("COMPLETED".to_string(), "0:0".to_string())], "{log}");
+    assert_eq!(runs, [ended("COMPLETED", "0:0")], "{log}");
     assert!(
         log.contains(&format!("(global step {})", meta.global_step)),
         "resumed from the newest checkpoint {}:\n{log}",
