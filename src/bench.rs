@@ -199,8 +199,13 @@ pub fn bench_step(options: &StepBench) -> Result<StepBenchResult, BenchError> {
     let size = [options.batch_size, 3, options.image_size, options.image_size];
     let images = options.compute.input(&Tensor::f_randn(size, (Kind::Float, Device::Cpu))?)?;
     let labels = Tensor::f_randint(num_classes as i64, [options.batch_size], (Kind::Int64, device))?;
-    let context =
-        StepContext { model: &model, compute: &options.compute, label_smoothing: 0.0, class_weights: None };
+    let context = StepContext {
+        model: &model,
+        compute: &options.compute,
+        label_smoothing: 0.0,
+        class_weights: None,
+        before_update: None,
+    };
     let batch = [MicroBatch { images: &images, labels: &labels }];
     let mut step_seconds = Vec::with_capacity(options.steps);
     for i in 0..options.warmup + options.steps {
@@ -296,7 +301,13 @@ pub fn bench_agree(
         });
         compute.prepare_model(&model)?;
         let mut optimizer = Optimizer::new(&reference_optimizer(), model.trainable());
-        let context = StepContext { model: &model, compute, label_smoothing: 0.0, class_weights: None };
+        let context = StepContext {
+            model: &model,
+            compute,
+            label_smoothing: 0.0,
+            class_weights: None,
+            before_update: None,
+        };
         let batch = [MicroBatch { images: &images, labels: &labels }];
         let step = train_step(&context, &mut optimizer, &mut GradientSync::Local, &batch, 0.01)?;
         let weights = model

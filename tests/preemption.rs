@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -214,4 +215,76 @@ fn a_second_signal_ends_the_process_at_once() {
     let signals = [("TERM", Duration::ZERO), ("INT", Duration::ZERO)];
     let (status, _) = signalled_run(dir.path(), &signals, Duration::from_secs(5));
     assert!(matches!(status.code(), Some(130 | 143)), "{status}: expected 128 + SIGINT or SIGTERM");
+}
+
+/// Issue 50, the time-limit stop: a step in flight that outlasts Slurm's grace period. Each
+/// step takes 10 s longer (`RTRAIN_TEST_STEP_DELAY_MS`, as a large model or a busy node would);
+/// the run gets Slurm's pair (SIGTERM, SIGCONT, SIGTERM 50 ms apart) during its second step.
+/// The last completed step's checkpoint must be on disk within 2 s (rtrain used to finish the
+/// step in flight, and the next, first: 10-20 s, past the 5 s of a cluster's KillWait). Then
+/// the process ends either way a job does: left alone (the step in flight ends, the agreed stop
+/// checkpoints it, exit 75, one checkpoint left) or killed (slurmd's SIGKILL after KillWait:
+/// the rescued checkpoint is the one left). Both times `--resume auto` ends with the
+/// uninterrupted run's weights. One test, so that the two runs do not share the 2 cores.
+#[test]
+fn a_slow_step_at_the_time_limit_is_checkpointed_at_once_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 24, 4, 72);
+    let mut settings = settings(&data);
+    settings.extend(["--set".to_string(), "data.image_size=32".to_string()]);
+    let train = |run: &str, extra: &[&str]| {
+        let mut command = rtrain_command(dir.path());
+        command.args(["train", "--run-dir", run]).args(&settings).args(extra);
+        command
+    };
+    common::assert_success(train("straight", &[]).output().unwrap(), "uninterrupted run");
+    let straight = summary(&dir.path().join("straight"));
+    for killed in [false, true] {
+        let name = if killed { "killed" } else { "stopped" };
+        let mut slow = train(name, &[]);
+        slow.env("RTRAIN_TEST_STEP_DELAY_MS", "10000");
+        slow_step_stopped_at_the_time_limit(slow, &dir.path().join(name), killed);
+        common::assert_success(train(name, &["--resume", "auto"]).output().unwrap(), "resume");
+        assert_eq!(summary(&dir.path().join(name))["weights_sha256"], straight["weights_sha256"], "{name}");
+    }
+}
+
+/// Runs `slow` into `run`, sends Slurm's pair of SIGTERMs during its second step and checks the
+/// stop checkpoint, then lets it end (`killed`: SIGKILL once the checkpoint is there).
+fn slow_step_stopped_at_the_time_limit(mut slow: Command, run: &Path, killed: bool) {
+    let mut child = slow.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    wait_for_a_step(run, &mut child);
+    signal(child.id(), "TERM");
+    let first_sigterm = Instant::now();
+    std::thread::sleep(Duration::from_millis(50));
+    signal(child.id(), "CONT");
+    signal(child.id(), "TERM");
+    while checkpoints(run).is_empty() && first_sigterm.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let within = first_sigterm.elapsed();
+    let rescued = checkpoints(run);
+    assert_eq!(rescued.len(), 1, "a checkpoint of the last completed step: {rescued:?}");
+    assert!(within < Duration::from_secs(2), "the stop checkpoint took {within:?}");
+    let meta = rtrain::run_dir::checkpoint::read_meta(&rescued[0]).unwrap();
+    assert_eq!((meta.epoch, meta.step_in_epoch, meta.global_step), (0, 1, 1), "{meta:?}");
+    if killed {
+        signal(child.id(), "KILL");
+    }
+    let status = common::wait_within(&mut child, Duration::from_secs(60), "a run after its stop signal");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    eprintln!("first SIGTERM to a checkpoint on disk: {within:?} (killed: {killed})");
+    let left = checkpoints(run);
+    if killed {
+        assert_eq!(status.signal(), Some(9), "{status}:\n{stderr}");
+        assert_eq!(left, rescued, "{stderr}");
+    } else {
+        assert_eq!(status.code(), Some(PREEMPTED), "exit status {status}:\n{stderr}");
+        assert!(stderr.contains("saved the last completed step (global step 1)"), "{stderr}");
+        // The agreed stop came after the step in flight (step 2), and replaced the rescue.
+        assert_eq!(left.len(), 1, "{left:?}\n{stderr}");
+        let meta = rtrain::run_dir::checkpoint::read_meta(&left[0]).unwrap();
+        assert_eq!(meta.global_step, 2, "{stderr}");
+    }
 }

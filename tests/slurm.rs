@@ -397,13 +397,10 @@ fn the_readmes_job_preempted_by_slurm_and_by_scancel_ends_as_an_uninterrupted_ru
     assert_eq!(summary(&work.join("runs/by-slurm"))["weights_sha256"], straight["weights_sha256"], "{log}");
 }
 
-/// A job that reaches its time limit with no `--signal`: Slurm's SIGTERM, SIGTERM again a few
-/// milliseconds later, then SIGKILL after KillWait. The pair is one request: a checkpoint and
-/// exit 75 in time (rtrain exited 143 with nothing saved before it counted them as one).
-#[test]
-fn a_job_at_its_time_limit_without_a_warning_still_checkpoints() {
-    let dir = tempfile::tempdir().unwrap();
-    let work = dir.path();
+/// The README's job with a time limit of one minute and no `--signal`, on a cluster of its own
+/// in `work`, with `env` for sbatch; returns how it ended (one run, not requeued: the script is
+/// signalled too) and its output.
+fn job_at_its_time_limit(work: &Path, env: &[(&str, &str)]) -> (Vec<(String, String)>, String) {
     let config = job_config(work, 1000);
     let slurm = Slurm::up(work, 4);
     let script = substitute(
@@ -415,14 +412,46 @@ fn a_job_at_its_time_limit_without_a_warning_still_checkpoints() {
         ],
     );
     let started = Instant::now();
-    let job = slurm.sbatch(&script, work, &[("WORK", work.to_str().unwrap())]);
+    let mut env = env.to_vec();
+    env.push(("WORK", work.to_str().unwrap()));
+    let job = slurm.sbatch(&script, work, &env);
     let runs = slurm.wait_for_end(&job, Duration::from_secs(240));
     let log = job_output(work, &job);
     eprintln!("time limit 1 min: ended {:.1} s after submission, {runs:?}", started.elapsed().as_secs_f64());
     assert_eq!(runs.len(), 1, "not requeued: the script is signalled too:\n{log}");
     assert_eq!(runs[0].0, "TIMEOUT", "{log}");
+    (runs, log)
+}
+
+/// A job that reaches its time limit with no `--signal`: Slurm's SIGTERM, SIGTERM again a few
+/// milliseconds later, then SIGKILL after KillWait. The pair is one request: a checkpoint and
+/// exit 75 in time (rtrain exited 143 with nothing saved before it counted them as one).
+#[test]
+fn a_job_at_its_time_limit_without_a_warning_still_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, log) = job_at_its_time_limit(dir.path(), &[]);
     assert!(log.contains("task 0: Exited with exit code 75"), "{log}");
     assert_eq!(stops(&log).len(), 1, "one stop, with its checkpoint:\n{log}");
+}
+
+/// Issue 50: the same with steps of 10 s (`RTRAIN_TEST_STEP_DELAY_MS`), longer than KillWait
+/// (5 s here): slurmd kills the task before the step in flight ends, so the stop checkpoint
+/// must not wait for it. The last completed step is saved at once (before, the newest
+/// checkpoint was the epoch's, and every step since was lost).
+#[test]
+fn a_job_of_slow_steps_at_its_time_limit_keeps_its_last_completed_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    let (_, log) = job_at_its_time_limit(work, &[("RTRAIN_TEST_STEP_DELAY_MS", "10000")]);
+    let saved: Vec<&str> =
+        log.lines().filter(|line| line.contains("saved the last completed step")).collect();
+    assert_eq!(saved.len(), 1, "{log}");
+    let path = saved[0].split(") to ").nth(1).unwrap().split(" at once").next().unwrap();
+    let meta =
+        rtrain::run_dir::checkpoint::read_meta(Path::new(path)).unwrap_or_else(|e| panic!("{path}: {e:#}"));
+    assert!(meta.global_step > 0, "{log}");
+    let run = Path::new(path).parent().unwrap().parent().unwrap();
+    assert_eq!(Some(meta.global_step), last_step(run), "the last logged step is the one saved:\n{log}");
 }
 
 /// The README's job array: one seed per array task, each into its own run directory, then the

@@ -90,6 +90,7 @@ pub fn train_epoch(
         if policy::save_after_step(&config.checkpoint, step_in_epoch, steps_per_epoch) {
             trainer.checkpoint_mid_epoch(model, comm, out, epoch, step_in_epoch, &totals)?;
         }
+        trainer.offer_stop_snapshot(model, epoch, step_in_epoch, &totals)?;
         mark = Instant::now();
     }
     reporter.finish();

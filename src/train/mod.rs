@@ -10,7 +10,8 @@
 //! The parts: [`step`] (the one training step), [`trainer`] (optimizer, schedule, gradient sync
 //! and where training stands), [`epoch`] (one epoch of steps), [`progress`] (the step
 //! reports), [`eval`], [`policy`] (when to save and delete checkpoints), [`optim`],
-//! [`class_weights`] (the loss's) and [`early_stop`].
+//! [`class_weights`] (the loss's), [`early_stop`] and [`stop_snapshot`] (the stop checkpoint
+//! written at once at a time limit, whatever the step in flight).
 
 pub mod class_weights;
 pub mod early_stop;
@@ -20,6 +21,7 @@ pub mod optim;
 pub mod policy;
 pub mod progress;
 pub mod step;
+pub mod stop_snapshot;
 pub mod trainer;
 
 use std::path::{Path, PathBuf};
@@ -102,6 +104,8 @@ pub enum TrainError {
     Preempted(Preempted),
     #[error("cannot install the handlers of the stop signals (SIGTERM, SIGINT, SIGUSR1): {0}")]
     Signals(std::io::Error),
+    #[error("cannot start the thread that saves the stop checkpoint: {0}")]
+    StopSnapshot(std::io::Error),
 }
 
 /// What a finished training run returns: its summary, and its best checkpoint's evaluation
@@ -164,6 +168,7 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     watchdog::set_limit(Duration::from_secs_f64(plan.config.dist.timeout_s));
     trainer.join_gradient_sync(join_gradient_sync(plan, &model, comm)?);
     log_start(plan, &data, &sampler, steps_per_epoch, out.paths());
+    trainer.keep_stop_snapshot(&out)?;
     signals::arm();
     for epoch in position.epoch..plan.last_epoch {
         if trainer.stopped_early().is_some() {

@@ -10,6 +10,7 @@ use crate::cluster::grad_sync::{GradSync, GradSyncError};
 use crate::cluster::signals;
 use crate::model::precision::Compute;
 use crate::model::Model;
+use crate::train::stop_snapshot::StopSnapshot;
 use crate::util::shim::ShimError;
 
 #[derive(Debug, thiserror::Error)]
@@ -58,10 +59,12 @@ impl GradientSync {
     }
 
     /// Waits until every gradient is averaged over the ranks; returns whether any rank was
-    /// asked to stop (`asked` is this rank's answer). A collective.
+    /// asked to stop (`asked` is this rank's answer when the step's last backward began). A
+    /// collective. Alone, a request that arrived during the step stops training after it,
+    /// rather than after the next one.
     fn sync_gradients(&mut self, asked: bool) -> Result<bool, GradSyncError> {
         match self {
-            GradientSync::Local => Ok(asked),
+            GradientSync::Local => Ok(asked || signals::requested().is_some()),
             GradientSync::AllReduce(sync) => sync.finish().map(|()| sync.stop_agreed()),
         }
     }
@@ -90,6 +93,9 @@ pub struct StepContext<'a> {
     pub label_smoothing: f64,
     /// `train.class_weights` as a float tensor on the model's device; None: all 1.
     pub class_weights: Option<&'a Tensor>,
+    /// The stop snapshot that holds the tensors the optimizer step is about to change: it is
+    /// withdrawn (or its write awaited) first. None outside training's rank 0.
+    pub before_update: Option<&'a StopSnapshot>,
 }
 
 /// One micro-batch: images and labels from the loader, on the CPU or pinned.
@@ -137,7 +143,11 @@ pub fn train_step(
     }
     // Every rank takes part in the all-reduce before a diverged one reports it (the job then
     // ends on the error; leaving first would make the others wait for it).
+    slow_step_for_tests();
     let stop = sync.sync_gradients(asked)?;
+    if let Some(snapshot) = context.before_update {
+        snapshot.withdraw();
+    }
     optimizer.step(lr)?;
     let loss = loss_sum / samples.max(1) as f64;
     if !loss.is_finite() {
@@ -150,6 +160,20 @@ pub fn train_step(
         logits: last_logits.unwrap_or_else(|| Tensor::zeros([0], (Kind::Float, tch::Device::Cpu))),
         stop,
     })
+}
+
+/// Test-only: `RTRAIN_TEST_STEP_DELAY_MS` lengthens every training step by that many
+/// milliseconds before its gradients are synchronised, as a large model or a busy node would,
+/// so that the tests of the time-limit stop can signal a step in flight. Unset, nothing.
+fn slow_step_for_tests() {
+    static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    let delay = DELAY.get_or_init(|| {
+        let millis = std::env::var("RTRAIN_TEST_STEP_DELAY_MS").ok()?.parse().ok()?;
+        Some(std::time::Duration::from_millis(millis))
+    });
+    if let Some(delay) = delay {
+        std::thread::sleep(*delay);
+    }
 }
 
 /// The logits and the batch's mean loss (with label smoothing), in the run's precision and

@@ -14,6 +14,7 @@ use super::early_stop::EarlyStopping;
 use super::optim::{Optimizer, Schedule};
 use super::policy;
 use super::step::{self, GradientSync, MicroBatch, StepContext, StepOutput};
+use super::stop_snapshot::{ReadyCheckpoint, StopSnapshot};
 use super::{reduce_totals, sync_buffers, Splits, TrainError};
 use crate::cluster::Communicator;
 use crate::model::Model;
@@ -21,7 +22,7 @@ use crate::plan::RunPlan;
 use crate::run_dir::checkpoint::{self, CheckpointError, CheckpointMeta, EpochTotals, WeightsMeta};
 use crate::run_dir::records::EvalReport;
 use crate::run_dir::records::{EarlyStop, EpochRecord, Summary};
-use crate::run_dir::RunDir;
+use crate::run_dir::{RunDir, RunPaths};
 use crate::util::files;
 
 /// Where training stands: the epoch in progress, how many of its steps are done, and the
@@ -76,6 +77,9 @@ pub struct Trainer<'a> {
     early_stopping: EarlyStopping,
     /// Set once early stopping has ended training (the same on every rank).
     stopped_early: Option<EarlyStop>,
+    /// Rank 0's last completed step, written the moment a stop signal arrives, and the run
+    /// directory it goes into ([`Self::keep_stop_snapshot`]).
+    stop_snapshot: Option<(StopSnapshot, RunPaths)>,
 }
 
 impl<'a> Trainer<'a> {
@@ -108,7 +112,39 @@ impl<'a> Trainer<'a> {
             class_weights,
             early_stopping: EarlyStopping::new(&config.train.early_stopping),
             stopped_early: None,
+            stop_snapshot: None,
         }
+    }
+
+    /// From here on, rank 0 (the rank that writes `out`) keeps each completed step ready to be
+    /// checkpointed the moment a stop signal arrives, without waiting for the step in flight
+    /// ([`super::stop_snapshot`]). The other ranks have nothing to write.
+    pub fn keep_stop_snapshot(&mut self, out: &RunDir) -> Result<(), TrainError> {
+        if out.writes() {
+            let snapshot = StopSnapshot::start().map_err(TrainError::StopSnapshot)?;
+            self.stop_snapshot = Some((snapshot, out.paths().clone()));
+        }
+        Ok(())
+    }
+
+    /// Offers the state after step `step_in_epoch` of epoch `epoch` (with the epoch's sums so
+    /// far) as the checkpoint to write on a stop signal. Call it once a step is done. In a job
+    /// of several ranks the sums are rank 0's own: the global ones would take a collective,
+    /// which a rank stopped by the time limit cannot wait for; they only feed the epoch's
+    /// logged training loss and accuracy, never the weights.
+    pub fn offer_stop_snapshot(
+        &self,
+        model: &Model,
+        epoch: u32,
+        step_in_epoch: u64,
+        totals: &EpochTotals,
+    ) -> Result<(), TrainError> {
+        let Some((snapshot, paths)) = &self.stop_snapshot else { return Ok(()) };
+        let meta = self.checkpoint_meta(model, epoch, step_in_epoch, *totals)?;
+        let path = paths.step_checkpoint(meta.global_step);
+        let state = model.state_dict().into_iter().collect();
+        snapshot.offer(ReadyCheckpoint::new(path, meta, state, self.optimizer.state_tensors()));
+        Ok(())
     }
 
     pub fn plan(&self) -> &'a RunPlan {
@@ -167,6 +203,7 @@ impl<'a> Trainer<'a> {
             compute: &self.plan.compute,
             label_smoothing: self.plan.config.train.label_smoothing,
             class_weights: self.class_weights.as_ref(),
+            before_update: self.stop_snapshot.as_ref().map(|(snapshot, _)| snapshot),
         };
         Ok(step::train_step(&context, &mut self.optimizer, &mut self.sync, micro_batches, lr)?)
     }
@@ -277,8 +314,35 @@ impl<'a> Trainer<'a> {
         if !out.writes() {
             return Ok(None);
         }
+        // The stop snapshot is of an older step than this, and its file may be this one.
+        if let Some((snapshot, _)) = &self.stop_snapshot {
+            snapshot.withdraw();
+        }
+        let meta = self.checkpoint_meta(model, epoch, step_in_epoch, totals)?;
+        let tensors: Vec<(String, Tensor)> = model.state_dict().into_iter().collect();
+        let optimizer = self.optimizer.state_tensors();
+        let when = format!("checkpoint at step {}", meta.global_step);
+        check_finite(&when, tensors.iter().chain(&optimizer))?;
+        let keep_last = self.plan.config.checkpoint.keep_last;
+        let retention = |present: &[(u64, PathBuf)]| policy::retention(present, keep_last);
+        let saved = out.save_checkpoint(&meta, tensors, optimizer, retention)?;
+        if let (Some((snapshot, _)), Some(path)) = (&self.stop_snapshot, &saved) {
+            snapshot.superseded_by(path);
+        }
+        Ok(saved)
+    }
+
+    /// What a checkpoint after step `step_in_epoch` of epoch `epoch` says of training, with the
+    /// epoch's sums so far.
+    fn checkpoint_meta(
+        &self,
+        model: &Model,
+        epoch: u32,
+        step_in_epoch: u64,
+        totals: EpochTotals,
+    ) -> Result<CheckpointMeta, TrainError> {
         let config = &self.plan.config;
-        let meta = CheckpointMeta {
+        Ok(CheckpointMeta {
             arch: model.arch,
             num_classes: model.num_classes,
             classes: self.classes.clone(),
@@ -296,14 +360,7 @@ impl<'a> Trainer<'a> {
             early_stopping: self.early_stopping.state(),
             accumulate: config.train.accumulate,
             rtrain_version: env!("CARGO_PKG_VERSION").to_string(),
-        };
-        let tensors: Vec<(String, Tensor)> = model.state_dict().into_iter().collect();
-        let optimizer = self.optimizer.state_tensors();
-        let when = format!("checkpoint at step {}", meta.global_step);
-        check_finite(&when, tensors.iter().chain(&optimizer))?;
-        let keep_last = config.checkpoint.keep_last;
-        let retention = |present: &[(u64, PathBuf)]| policy::retention(present, keep_last);
-        Ok(out.save_checkpoint(&meta, tensors, optimizer, retention)?)
+        })
     }
 
     /// Logs a finished epoch (its global training sums and evaluation), and saves what the
