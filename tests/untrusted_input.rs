@@ -739,3 +739,60 @@ fn a_manifest_from_elsewhere_reads_only_inside_its_run_and_is_validated() {
     assert!(stdout.contains("the original ran 9.9.9"), "{stdout}");
     assert!(stdout.contains("reproduced"), "{stdout}");
 }
+
+// --- Issue 50, training and evaluation ---
+
+/// Every file under `dir` (recursively; the trainer's lock file aside, which each trainer
+/// rewrites with its pid) with its bytes and modification time.
+fn files_with_times(
+    dir: &Path,
+) -> std::collections::BTreeMap<std::path::PathBuf, (Vec<u8>, std::time::SystemTime)> {
+    let mut found = std::collections::BTreeMap::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        for entry in std::fs::read_dir(&next).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                pending.push(path);
+            } else if path.file_name().unwrap() != ".rtrain.lock" {
+                found.insert(path.clone(), (std::fs::read(&path).unwrap(), meta.modified().unwrap()));
+            }
+        }
+    }
+    found
+}
+
+/// Case 50.7: `train --resume auto` on a finished run, what a Slurm requeue script runs,
+/// exited 0 but rewrote the run: "val top-1 NaN" in the log, summary.json's `final_eval` null
+/// and its throughput 0. A finished run is reported as finished and no file of it changes;
+/// raising `train.epochs` still continues it.
+#[test]
+fn resuming_a_finished_run_leaves_every_file_of_it_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let run = dir.path().join("run");
+    let first = train_tiny(dir.path(), &data, "run", &[]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let before = files_with_times(&run);
+    assert!(before.contains_key(&run.join("summary.json")), "{:?}", before.keys());
+
+    let again = train_tiny(dir.path(), &data, "run", &["--resume", "auto"]);
+    let stderr = text(&again.stderr);
+    assert_eq!(again.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("holds a finished run"), "{stderr}");
+    assert!(!stderr.contains("NaN"), "{stderr}");
+    let after = files_with_times(&run);
+    assert_eq!(after.keys().collect::<Vec<_>>(), before.keys().collect::<Vec<_>>());
+    for (path, (bytes, modified)) in &before {
+        let (now, now_modified) = &after[path];
+        assert!(now == bytes && now_modified == modified, "{} was rewritten", path.display());
+    }
+
+    let further = train_tiny(dir.path(), &data, "run", &["--resume", "auto", "--set", "train.epochs=2"]);
+    assert!(further.status.success(), "{}", text(&further.stderr));
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["epochs"], 2, "{summary}");
+    assert!(summary["final_eval"]["top1"].is_number(), "{summary}");
+}
