@@ -796,3 +796,60 @@ fn resuming_a_finished_run_leaves_every_file_of_it_as_it_was() {
     assert_eq!(summary["epochs"], 2, "{summary}");
     assert!(summary["final_eval"]["top1"].is_number(), "{summary}");
 }
+
+/// Case 50.12: `eval --data SHARDS` read shards without the digest check training makes:
+/// labels flipped inside a shard, its size unchanged, gave top-1 0.0 without a word. A shard
+/// whose sha256 differs from the one `data prepare` recorded is refused, naming it.
+#[test]
+fn eval_refuses_a_shard_changed_since_it_was_prepared() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let trained = train_tiny(dir.path(), &data, "run", &[]);
+    assert!(trained.status.success(), "{}", text(&trained.stderr));
+    let shards = dir.path().join("shards");
+    common::assert_success(
+        common::rtrain(dir.path()).args(["data", "prepare"]).arg(&data).arg(&shards).output().unwrap(),
+        "data prepare",
+    );
+    let eval = || {
+        common::rtrain(dir.path())
+            .args(["eval", "--checkpoint", "run/checkpoints/best.safetensors", "--data", "shards"])
+            .args(["--set", "data.image_size=32", "--set", "train.threads=1"])
+            .output()
+            .unwrap()
+    };
+    common::assert_success(eval(), "eval of the shards as prepared");
+
+    // Each label of the val shards to the next class: the same bytes in number, other values.
+    let mut changed = Vec::new();
+    for entry in std::fs::read_dir(&shards).unwrap() {
+        let shard = entry.unwrap().path();
+        let name = shard.file_name().unwrap().to_string_lossy().into_owned();
+        if !(name.starts_with("val") && name.ends_with(".tar")) {
+            continue;
+        }
+        let mut bytes = std::fs::read(&shard).unwrap();
+        let mut labels = Vec::new();
+        for member in tar::Archive::new(std::io::Cursor::new(bytes.clone())).entries().unwrap() {
+            let member = member.unwrap();
+            if member.path().unwrap().extension().is_some_and(|ext| ext == "cls") {
+                labels.push(member.raw_file_position() as usize);
+            }
+        }
+        assert!(!labels.is_empty(), "{name} has no labels");
+        for at in labels {
+            assert!(bytes[at].is_ascii_digit(), "{name}: {}", bytes[at]);
+            bytes[at] = b'0' + (bytes[at] - b'0' + 1) % 4;
+        }
+        let size = std::fs::metadata(&shard).unwrap().len();
+        std::fs::write(&shard, &bytes).unwrap();
+        assert_eq!(std::fs::metadata(&shard).unwrap().len(), size);
+        changed.push(name);
+    }
+    assert!(!changed.is_empty());
+
+    let tampered = eval();
+    let stderr = text(&tampered.stderr);
+    assert_eq!(tampered.status.code(), Some(1), "{}{stderr}", text(&tampered.stdout));
+    assert!(stderr.contains(&changed[0]) && stderr.contains("sha256"), "{stderr}");
+}
