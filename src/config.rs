@@ -996,7 +996,9 @@ impl Config {
             ("train.accumulate", f64::from(t.accumulate), 1.0..=65536.0),
             ("train.early_stopping.patience", f64::from(t.early_stopping.patience), 0.0..=100_000.0),
             ("train.early_stopping.min_delta", t.early_stopping.min_delta, 0.0..=1e6),
-            ("data.samples_per_epoch", count(d.samples_per_epoch), 0.0..=1e12),
+            // The epoch's draws are held in memory (8 bytes each, and a rank's share again):
+            // 10^8 is 1.6 GB at most, and about 80 epochs of ImageNet in one.
+            ("data.samples_per_epoch", count(d.samples_per_epoch), 0.0..=100_000_000.0),
             ("checkpoint.every_epochs", f64::from(c.every_epochs), 0.0..=100_000.0),
             ("checkpoint.every_steps", c.every_steps as f64, 0.0..=1e12),
             ("checkpoint.keep_last", count(c.keep_last), 1.0..=10_000.0),

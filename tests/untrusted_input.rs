@@ -853,3 +853,31 @@ fn eval_refuses_a_shard_changed_since_it_was_prepared() {
     assert_eq!(tampered.status.code(), Some(1), "{}{stderr}", text(&tampered.stdout));
     assert!(stderr.contains(&changed[0]) && stderr.contains("sha256"), "{stderr}");
 }
+
+/// Case 50.6: `data.samples_per_epoch` was held to [0, 10^12] only: 10^12 aborted in an
+/// allocation (exit 134) after making the run directory, and 10^9 took 16 GB. It is refused
+/// at validation, exit 2 naming the key, before anything is written.
+#[test]
+fn balanced_draws_per_epoch_have_a_range_checked_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    for draws in ["1000000000000", "1000000000"] {
+        let output = common::rtrain(dir.path())
+            .args(["train", "--run-dir", "run", "--set", "data.sampler=balanced"])
+            .args(["--set", &format!("data.samples_per_epoch={draws}")])
+            .output()
+            .unwrap();
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{draws}: {stderr}");
+        assert!(
+            stderr.contains("data.samples_per_epoch: ") && stderr.contains("is outside [0, 100000000]"),
+            "{stderr}"
+        );
+        assert!(!dir.path().join("run").exists(), "{draws}: the run directory was made");
+    }
+    let edge = common::rtrain(dir.path())
+        .args(["config", "show", "--set", "data.sampler=balanced"])
+        .args(["--set", "data.samples_per_epoch=100000000"])
+        .output()
+        .unwrap();
+    assert!(edge.status.success(), "{}", text(&edge.stderr));
+}
