@@ -881,3 +881,19 @@ fn balanced_draws_per_epoch_have_a_range_checked_before_anything_runs() {
         .unwrap();
     assert!(edge.status.success(), "{}", text(&edge.stderr));
 }
+
+/// Case 50.4: `eval --bootstrap 1000000000` grew past 5 GB (about 32 GB projected): the
+/// resamples had no range. They are refused above 100,000 (exit 2, naming the flag) before
+/// anything is read.
+#[test]
+fn bootstrap_resamples_have_a_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = common::rtrain(dir.path())
+        .args(["eval", "--checkpoint", "missing.safetensors", "--bootstrap", "1000000000"])
+        .output()
+        .unwrap();
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--bootstrap") && stderr.contains("100000"), "{stderr}");
+    assert!(!stderr.contains("missing.safetensors"), "read the checkpoint first: {stderr}");
+}
