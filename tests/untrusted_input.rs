@@ -897,3 +897,36 @@ fn bootstrap_resamples_have_a_range() {
     assert!(stderr.contains("--bootstrap") && stderr.contains("100000"), "{stderr}");
     assert!(!stderr.contains("missing.safetensors"), "read the checkpoint first: {stderr}");
 }
+
+/// Case 50 (exit codes): usage errors found after parsing exited 1, as a failure would: an
+/// `explain --layer` or `--class` the checkpoint has not, a `train.class_weights` list of the
+/// wrong length for the data, a `reproduce --ranks` the job does not have. Each is the
+/// user's to fix, not to retry: exit 2, naming the flag or key.
+#[test]
+fn usage_errors_found_after_parsing_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let trained = train_tiny(dir.path(), &data, "run", &[]);
+    assert!(trained.status.success(), "{}", text(&trained.stderr));
+    let image = first_image(&data.join("val"));
+    let explain = |flag: &str, value: &str| {
+        common::rtrain(dir.path())
+            .args(["explain", "--checkpoint", "run/checkpoints/best.safetensors", "--out", "explained"])
+            .args([flag, value])
+            .arg(&image)
+            .output()
+            .unwrap()
+    };
+    let weights = train_tiny(dir.path(), &data, "weighted", &["--set", "train.class_weights=[1.0, 2.0]"]);
+    let ranks = common::rtrain(dir.path()).args(["reproduce", "run", "--ranks", "2"]).output().unwrap();
+    for (what, output, named) in [
+        ("explain --layer layer9", explain("--layer", "layer9"), "--layer layer9"),
+        ("explain --class no-such-class", explain("--class", "no-such-class"), "--class no-such-class"),
+        ("two class weights for four classes", weights, "train.class_weights"),
+        ("reproduce --ranks 2 in a job of one", ranks, "--ranks 2"),
+    ] {
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{what}: {stderr}");
+        assert!(stderr.contains(named), "{what}: {stderr}");
+    }
+}
