@@ -415,11 +415,76 @@ pub struct TrainConfig {
 }
 
 /// `train.class_weights`: a rule or one weight per class.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum ClassWeights {
     Rule(ClassWeightRule),
     PerClass(Vec<f64>),
+}
+
+/// What `train.class_weights` takes, for its error messages.
+const CLASS_WEIGHTS_EXPECTED: &str = "\"none\", \"balanced\", or a list of one positive weight per class";
+
+/// Read by hand rather than as serde's untagged enum, whose error for any value that fits no
+/// variant ("data did not match any variant") lists none of the values that do.
+impl<'de> Deserialize<'de> for ClassWeights {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<ClassWeights, D::Error> {
+        struct Expected;
+        impl<'de> serde::de::Visitor<'de> for Expected {
+            type Value = ClassWeights;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str(CLASS_WEIGHTS_EXPECTED)
+            }
+
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<ClassWeights, E> {
+                match name {
+                    "none" => Ok(ClassWeights::Rule(ClassWeightRule::None)),
+                    "balanced" => Ok(ClassWeights::Rule(ClassWeightRule::Balanced)),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(name), &self)),
+                }
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut list: A) -> Result<ClassWeights, A::Error> {
+                let mut weights = Vec::new();
+                while let Some(Weight(weight)) = list.next_element()? {
+                    weights.push(weight);
+                }
+                Ok(ClassWeights::PerClass(weights))
+            }
+        }
+        deserializer.deserialize_any(Expected)
+    }
+}
+
+/// One weight of a `train.class_weights` list: any number, and for anything else the message
+/// that lists what the setting takes.
+struct Weight(f64);
+
+impl<'de> Deserialize<'de> for Weight {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Weight, D::Error> {
+        struct Expected;
+        impl serde::de::Visitor<'_> for Expected {
+            type Value = Weight;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str(CLASS_WEIGHTS_EXPECTED)
+            }
+
+            fn visit_f64<E: serde::de::Error>(self, weight: f64) -> Result<Weight, E> {
+                Ok(Weight(weight))
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, weight: i64) -> Result<Weight, E> {
+                Ok(Weight(weight as f64))
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, weight: u64) -> Result<Weight, E> {
+                Ok(Weight(weight as f64))
+            }
+        }
+        deserializer.deserialize_any(Expected)
+    }
 }
 
 /// The named `train.class_weights`.

@@ -930,3 +930,25 @@ fn usage_errors_found_after_parsing_exit_2() {
         assert!(stderr.contains(named), "{what}: {stderr}");
     }
 }
+
+/// Case 50 (class_weights message): `train.class_weights = "balance"` was refused with serde's
+/// "data did not match any variant of untagged enum ClassWeights", which lists nothing. The
+/// error names the key and lists what it takes.
+#[test]
+fn a_misspelt_class_weight_rule_lists_the_valid_values() {
+    let dir = tempfile::tempdir().unwrap();
+    for value in [r#""balance""#, "3", r#"["a"]"#] {
+        let output = show_with(dir.path(), &format!("train.class_weights={value}"));
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{value}: {stderr}");
+        assert!(stderr.contains("train.class_weights"), "{value}: {stderr}");
+        assert!(
+            stderr.contains(r#""none", "balanced", or a list of one positive weight per class"#),
+            "{value}: {stderr}"
+        );
+    }
+    for value in [r#""balanced""#, r#""none""#, "[1, 2.5]"] {
+        let output = show_with(dir.path(), &format!("train.class_weights={value}"));
+        assert!(output.status.success(), "{value}: {}", text(&output.stderr));
+    }
+}
