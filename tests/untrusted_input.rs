@@ -901,7 +901,8 @@ fn bootstrap_resamples_have_a_range() {
 /// Case 50 (exit codes): usage errors found after parsing exited 1, as a failure would: an
 /// `explain --layer` or `--class` the checkpoint has not, a `train.class_weights` list of the
 /// wrong length for the data, a `reproduce --ranks` the job does not have. Each is the
-/// user's to fix, not to retry: exit 2, naming the flag or key.
+/// user's to fix, not to retry: exit 2, naming the flag or key. Case 50 (reproduce --epochs
+/// 0): printed "reproduced" and exited 0, having compared nothing; refused alike, no run made.
 #[test]
 fn usage_errors_found_after_parsing_exit_2() {
     let dir = tempfile::tempdir().unwrap();
@@ -919,16 +920,22 @@ fn usage_errors_found_after_parsing_exit_2() {
     };
     let weights = train_tiny(dir.path(), &data, "weighted", &["--set", "train.class_weights=[1.0, 2.0]"]);
     let ranks = common::rtrain(dir.path()).args(["reproduce", "run", "--ranks", "2"]).output().unwrap();
+    let no_epochs = common::rtrain(dir.path())
+        .args(["reproduce", "run", "--epochs", "0", "--out", "again"])
+        .output()
+        .unwrap();
     for (what, output, named) in [
         ("explain --layer layer9", explain("--layer", "layer9"), "--layer layer9"),
         ("explain --class no-such-class", explain("--class", "no-such-class"), "--class no-such-class"),
         ("two class weights for four classes", weights, "train.class_weights"),
         ("reproduce --ranks 2 in a job of one", ranks, "--ranks 2"),
+        ("reproduce --epochs 0", no_epochs, "--epochs"),
     ] {
         let stderr = text(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{what}: {stderr}");
         assert!(stderr.contains(named), "{what}: {stderr}");
     }
+    assert!(!dir.path().join("again").exists(), "reproduce --epochs 0 made a run");
 }
 
 /// Case 50 (class_weights message): `train.class_weights = "balance"` was refused with serde's

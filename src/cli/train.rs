@@ -63,7 +63,7 @@ pub struct ReproduceArgs {
     /// The run to reproduce (its manifest.json).
     pub run_dir: PathBuf,
     /// Re-run only the first N epochs (with the original schedule), and compare those.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub epochs: Option<u32>,
     /// Where the new run goes (default: RUN_DIR-reproduce).
     #[arg(long)]
