@@ -1259,6 +1259,25 @@ mod tests {
         assert!(err.contains("--set"), "{err}");
     }
 
+    /// Each form of `train.class_weights` reads back from the TOML of `config.toml` and from the
+    /// JSON of `manifest.json`, which `reproduce` reads.
+    #[test]
+    fn class_weights_round_trip_through_toml_and_json() {
+        for setting in [
+            ClassWeights::Rule(ClassWeightRule::None),
+            ClassWeights::Rule(ClassWeightRule::Balanced),
+            ClassWeights::PerClass(vec![1.0, 2.5, 3.0]),
+        ] {
+            let mut config = Config::default();
+            config.train.class_weights = setting.clone();
+            let toml: Config = toml::from_str(&config.to_toml().unwrap()).unwrap();
+            let json: Config = serde_json::from_str(&serde_json::to_string(&config).unwrap()).unwrap();
+            assert_eq!((toml.train.class_weights, json.train.class_weights), (setting.clone(), setting));
+        }
+        let integers = load_with("[train]\nclass_weights = [1, 2]\n", &[]).unwrap();
+        assert_eq!(integers.config.train.class_weights, ClassWeights::PerClass(vec![1.0, 2.0]));
+    }
+
     #[test]
     fn unknown_arch_is_rejected() {
         let err = load_with("[model]\narch = \"resnet19\"\n", &[]).err().unwrap().to_string();
