@@ -415,11 +415,76 @@ pub struct TrainConfig {
 }
 
 /// `train.class_weights`: a rule or one weight per class.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum ClassWeights {
     Rule(ClassWeightRule),
     PerClass(Vec<f64>),
+}
+
+/// What `train.class_weights` takes, for its error messages.
+const CLASS_WEIGHTS_EXPECTED: &str = "\"none\", \"balanced\", or a list of one positive weight per class";
+
+/// Read by hand rather than as serde's untagged enum, whose error for any value that fits no
+/// variant ("data did not match any variant") lists none of the values that do.
+impl<'de> Deserialize<'de> for ClassWeights {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<ClassWeights, D::Error> {
+        struct Expected;
+        impl<'de> serde::de::Visitor<'de> for Expected {
+            type Value = ClassWeights;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str(CLASS_WEIGHTS_EXPECTED)
+            }
+
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<ClassWeights, E> {
+                match name {
+                    "none" => Ok(ClassWeights::Rule(ClassWeightRule::None)),
+                    "balanced" => Ok(ClassWeights::Rule(ClassWeightRule::Balanced)),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(name), &self)),
+                }
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut list: A) -> Result<ClassWeights, A::Error> {
+                let mut weights = Vec::new();
+                while let Some(Weight(weight)) = list.next_element()? {
+                    weights.push(weight);
+                }
+                Ok(ClassWeights::PerClass(weights))
+            }
+        }
+        deserializer.deserialize_any(Expected)
+    }
+}
+
+/// One weight of a `train.class_weights` list: any number, and for anything else the message
+/// that lists what the setting takes.
+struct Weight(f64);
+
+impl<'de> Deserialize<'de> for Weight {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Weight, D::Error> {
+        struct Expected;
+        impl serde::de::Visitor<'_> for Expected {
+            type Value = Weight;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str(CLASS_WEIGHTS_EXPECTED)
+            }
+
+            fn visit_f64<E: serde::de::Error>(self, weight: f64) -> Result<Weight, E> {
+                Ok(Weight(weight))
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, weight: i64) -> Result<Weight, E> {
+                Ok(Weight(weight as f64))
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, weight: u64) -> Result<Weight, E> {
+                Ok(Weight(weight as f64))
+            }
+        }
+        deserializer.deserialize_any(Expected)
+    }
 }
 
 /// The named `train.class_weights`.
@@ -996,7 +1061,9 @@ impl Config {
             ("train.accumulate", f64::from(t.accumulate), 1.0..=65536.0),
             ("train.early_stopping.patience", f64::from(t.early_stopping.patience), 0.0..=100_000.0),
             ("train.early_stopping.min_delta", t.early_stopping.min_delta, 0.0..=1e6),
-            ("data.samples_per_epoch", count(d.samples_per_epoch), 0.0..=1e12),
+            // The epoch's draws are held in memory (8 bytes each, and a rank's share again):
+            // 10^8 is 1.6 GB at most, and about 80 epochs of ImageNet in one.
+            ("data.samples_per_epoch", count(d.samples_per_epoch), 0.0..=100_000_000.0),
             ("checkpoint.every_epochs", f64::from(c.every_epochs), 0.0..=100_000.0),
             ("checkpoint.every_steps", c.every_steps as f64, 0.0..=1e12),
             ("checkpoint.keep_last", count(c.keep_last), 1.0..=10_000.0),
@@ -1190,6 +1257,25 @@ mod tests {
         let err = load_with("", &["train.epochs=many"]).err().unwrap().to_string();
         assert!(err.contains("train.epochs"), "{err}");
         assert!(err.contains("--set"), "{err}");
+    }
+
+    /// Each form of `train.class_weights` reads back from the TOML of `config.toml` and from the
+    /// JSON of `manifest.json`, which `reproduce` reads.
+    #[test]
+    fn class_weights_round_trip_through_toml_and_json() {
+        for setting in [
+            ClassWeights::Rule(ClassWeightRule::None),
+            ClassWeights::Rule(ClassWeightRule::Balanced),
+            ClassWeights::PerClass(vec![1.0, 2.5, 3.0]),
+        ] {
+            let mut config = Config::default();
+            config.train.class_weights = setting.clone();
+            let toml: Config = toml::from_str(&config.to_toml().unwrap()).unwrap();
+            let json: Config = serde_json::from_str(&serde_json::to_string(&config).unwrap()).unwrap();
+            assert_eq!((toml.train.class_weights, json.train.class_weights), (setting.clone(), setting));
+        }
+        let integers = load_with("[train]\nclass_weights = [1, 2]\n", &[]).unwrap();
+        assert_eq!(integers.config.train.class_weights, ClassWeights::PerClass(vec![1.0, 2.0]));
     }
 
     #[test]

@@ -18,6 +18,11 @@ pub const ECE_BINS: usize = 15;
 /// Resamples of the bootstrap intervals by default.
 pub const DEFAULT_BOOTSTRAP: usize = 1000;
 
+/// The most resamples `rtrain eval --bootstrap` takes: each resample's four metrics are kept
+/// for the percentiles, and each costs a pass over the images, so 10^9 grew past 5 GB and
+/// hours; 10^5 puts Monte Carlo error far below the interval's own width.
+pub const MAX_BOOTSTRAP: usize = 100_000;
+
 /// What was predicted for a set of images: the true class of each and the probabilities the
 /// model gave every class (rows sum to 1).
 pub struct Predictions<'a> {

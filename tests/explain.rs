@@ -158,7 +158,8 @@ fn an_earlier_stage_matches_pytorch_grad_cam() {
     matches_pytorch_grad_cam(Arch::Resnet18, &[], "layer3", Some("C0"));
 }
 
-/// A bad `--layer` or `--class` is refused naming it, before any file is written.
+/// A bad `--layer` or `--class` is refused naming it, as a usage error (exit 2), before any
+/// file is written.
 #[test]
 fn a_bad_layer_or_class_is_named() {
     let dir = tempfile::tempdir().unwrap();
@@ -179,7 +180,7 @@ fn a_bad_layer_or_class_is_named() {
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert_eq!(output.status.code(), Some(2), "a usage error: {stderr}");
         assert!(stderr.contains(expected), "{stderr}");
         assert!(!out.exists(), "{value}: an output directory was made");
     }

@@ -739,3 +739,223 @@ fn a_manifest_from_elsewhere_reads_only_inside_its_run_and_is_validated() {
     assert!(stdout.contains("the original ran 9.9.9"), "{stdout}");
     assert!(stdout.contains("reproduced"), "{stdout}");
 }
+
+// --- Issue 50, training and evaluation ---
+
+/// Every file under `dir` (recursively; the trainer's lock file aside, which each trainer
+/// rewrites with its pid) with its bytes and modification time.
+fn files_with_times(
+    dir: &Path,
+) -> std::collections::BTreeMap<std::path::PathBuf, (Vec<u8>, std::time::SystemTime)> {
+    let mut found = std::collections::BTreeMap::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        for entry in std::fs::read_dir(&next).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                pending.push(path);
+            } else if path.file_name().unwrap() != ".rtrain.lock" {
+                found.insert(path.clone(), (std::fs::read(&path).unwrap(), meta.modified().unwrap()));
+            }
+        }
+    }
+    found
+}
+
+/// Case 50.7: `train --resume auto` on a finished run, what a Slurm requeue script runs,
+/// exited 0 but rewrote the run: "val top-1 NaN" in the log, summary.json's `final_eval` null
+/// and its throughput 0. A finished run is reported as finished and no file of it changes;
+/// raising `train.epochs` still continues it.
+#[test]
+fn resuming_a_finished_run_leaves_every_file_of_it_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let run = dir.path().join("run");
+    let first = train_tiny(dir.path(), &data, "run", &[]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let before = files_with_times(&run);
+    assert!(before.contains_key(&run.join("summary.json")), "{:?}", before.keys());
+
+    let again = train_tiny(dir.path(), &data, "run", &["--resume", "auto"]);
+    let stderr = text(&again.stderr);
+    assert_eq!(again.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("holds a finished run"), "{stderr}");
+    assert!(!stderr.contains("NaN"), "{stderr}");
+    let after = files_with_times(&run);
+    assert_eq!(after.keys().collect::<Vec<_>>(), before.keys().collect::<Vec<_>>());
+    for (path, (bytes, modified)) in &before {
+        let (now, now_modified) = &after[path];
+        assert!(now == bytes && now_modified == modified, "{} was rewritten", path.display());
+    }
+
+    let further = train_tiny(dir.path(), &data, "run", &["--resume", "auto", "--set", "train.epochs=2"]);
+    assert!(further.status.success(), "{}", text(&further.stderr));
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["epochs"], 2, "{summary}");
+    assert!(summary["final_eval"]["top1"].is_number(), "{summary}");
+}
+
+/// Case 50.12: `eval --data SHARDS` read shards without the digest check training makes:
+/// labels flipped inside a shard, its size unchanged, gave top-1 0.0 without a word. A shard
+/// whose sha256 differs from the one `data prepare` recorded is refused, naming it.
+#[test]
+fn eval_refuses_a_shard_changed_since_it_was_prepared() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let trained = train_tiny(dir.path(), &data, "run", &[]);
+    assert!(trained.status.success(), "{}", text(&trained.stderr));
+    let shards = dir.path().join("shards");
+    common::assert_success(
+        common::rtrain(dir.path()).args(["data", "prepare"]).arg(&data).arg(&shards).output().unwrap(),
+        "data prepare",
+    );
+    let eval = || {
+        common::rtrain(dir.path())
+            .args(["eval", "--checkpoint", "run/checkpoints/best.safetensors", "--data", "shards"])
+            .args(["--set", "data.image_size=32", "--set", "train.threads=1"])
+            .output()
+            .unwrap()
+    };
+    common::assert_success(eval(), "eval of the shards as prepared");
+
+    // Each label of the val shards to the next class: the same bytes in number, other values.
+    let mut changed = Vec::new();
+    for entry in std::fs::read_dir(&shards).unwrap() {
+        let shard = entry.unwrap().path();
+        let name = shard.file_name().unwrap().to_string_lossy().into_owned();
+        if !(name.starts_with("val") && name.ends_with(".tar")) {
+            continue;
+        }
+        let mut bytes = std::fs::read(&shard).unwrap();
+        let mut labels = Vec::new();
+        for member in tar::Archive::new(std::io::Cursor::new(bytes.clone())).entries().unwrap() {
+            let member = member.unwrap();
+            if member.path().unwrap().extension().is_some_and(|ext| ext == "cls") {
+                labels.push(member.raw_file_position() as usize);
+            }
+        }
+        assert!(!labels.is_empty(), "{name} has no labels");
+        for at in labels {
+            assert!(bytes[at].is_ascii_digit(), "{name}: {}", bytes[at]);
+            bytes[at] = b'0' + (bytes[at] - b'0' + 1) % 4;
+        }
+        let size = std::fs::metadata(&shard).unwrap().len();
+        std::fs::write(&shard, &bytes).unwrap();
+        assert_eq!(std::fs::metadata(&shard).unwrap().len(), size);
+        changed.push(name);
+    }
+    assert!(!changed.is_empty());
+
+    let tampered = eval();
+    let stderr = text(&tampered.stderr);
+    assert_eq!(tampered.status.code(), Some(1), "{}{stderr}", text(&tampered.stdout));
+    assert!(stderr.contains(&changed[0]) && stderr.contains("sha256"), "{stderr}");
+}
+
+/// Case 50.6: `data.samples_per_epoch` was held to [0, 10^12] only: 10^12 aborted in an
+/// allocation (exit 134) after making the run directory, and 10^9 took 16 GB. It is refused
+/// at validation, exit 2 naming the key, before anything is written.
+#[test]
+fn balanced_draws_per_epoch_have_a_range_checked_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    for draws in ["1000000000000", "1000000000"] {
+        let output = common::rtrain(dir.path())
+            .args(["train", "--run-dir", "run", "--set", "data.sampler=balanced"])
+            .args(["--set", &format!("data.samples_per_epoch={draws}")])
+            .output()
+            .unwrap();
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{draws}: {stderr}");
+        assert!(
+            stderr.contains("data.samples_per_epoch: ") && stderr.contains("is outside [0, 100000000]"),
+            "{stderr}"
+        );
+        assert!(!dir.path().join("run").exists(), "{draws}: the run directory was made");
+    }
+    let edge = common::rtrain(dir.path())
+        .args(["config", "show", "--set", "data.sampler=balanced"])
+        .args(["--set", "data.samples_per_epoch=100000000"])
+        .output()
+        .unwrap();
+    assert!(edge.status.success(), "{}", text(&edge.stderr));
+}
+
+/// Case 50.4: `eval --bootstrap 1000000000` grew past 5 GB (about 32 GB projected): the
+/// resamples had no range. They are refused above 100,000 (exit 2, naming the flag) before
+/// anything is read.
+#[test]
+fn bootstrap_resamples_have_a_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = common::rtrain(dir.path())
+        .args(["eval", "--checkpoint", "missing.safetensors", "--bootstrap", "1000000000"])
+        .output()
+        .unwrap();
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--bootstrap") && stderr.contains("100000"), "{stderr}");
+    assert!(!stderr.contains("missing.safetensors"), "read the checkpoint first: {stderr}");
+}
+
+/// Case 50 (exit codes): usage errors found after parsing exited 1, as a failure would: an
+/// `explain --layer` or `--class` the checkpoint has not, a `train.class_weights` list of the
+/// wrong length for the data, a `reproduce --ranks` the job does not have. Each is the
+/// user's to fix, not to retry: exit 2, naming the flag or key. Case 50 (reproduce --epochs
+/// 0): printed "reproduced" and exited 0, having compared nothing; refused alike, no run made.
+#[test]
+fn usage_errors_found_after_parsing_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let trained = train_tiny(dir.path(), &data, "run", &[]);
+    assert!(trained.status.success(), "{}", text(&trained.stderr));
+    let image = first_image(&data.join("val"));
+    let explain = |flag: &str, value: &str| {
+        common::rtrain(dir.path())
+            .args(["explain", "--checkpoint", "run/checkpoints/best.safetensors", "--out", "explained"])
+            .args([flag, value])
+            .arg(&image)
+            .output()
+            .unwrap()
+    };
+    let weights = train_tiny(dir.path(), &data, "weighted", &["--set", "train.class_weights=[1.0, 2.0]"]);
+    let ranks = common::rtrain(dir.path()).args(["reproduce", "run", "--ranks", "2"]).output().unwrap();
+    let no_epochs = common::rtrain(dir.path())
+        .args(["reproduce", "run", "--epochs", "0", "--out", "again"])
+        .output()
+        .unwrap();
+    for (what, output, named) in [
+        ("explain --layer layer9", explain("--layer", "layer9"), "--layer layer9"),
+        ("explain --class no-such-class", explain("--class", "no-such-class"), "--class no-such-class"),
+        ("two class weights for four classes", weights, "train.class_weights"),
+        ("reproduce --ranks 2 in a job of one", ranks, "--ranks 2"),
+        ("reproduce --epochs 0", no_epochs, "--epochs"),
+    ] {
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{what}: {stderr}");
+        assert!(stderr.contains(named), "{what}: {stderr}");
+    }
+    assert!(!dir.path().join("again").exists(), "reproduce --epochs 0 made a run");
+}
+
+/// Case 50 (class_weights message): `train.class_weights = "balance"` was refused with serde's
+/// "data did not match any variant of untagged enum ClassWeights", which lists nothing. The
+/// error names the key and lists what it takes.
+#[test]
+fn a_misspelt_class_weight_rule_lists_the_valid_values() {
+    let dir = tempfile::tempdir().unwrap();
+    for value in [r#""balance""#, "3", r#"["a"]"#] {
+        let output = show_with(dir.path(), &format!("train.class_weights={value}"));
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{value}: {stderr}");
+        assert!(stderr.contains("train.class_weights"), "{value}: {stderr}");
+        assert!(
+            stderr.contains(r#""none", "balanced", or a list of one positive weight per class"#),
+            "{value}: {stderr}"
+        );
+    }
+    for value in [r#""balanced""#, r#""none""#, "[1, 2.5]"] {
+        let output = show_with(dir.path(), &format!("train.class_weights={value}"));
+        assert!(output.status.success(), "{value}: {}", text(&output.stderr));
+    }
+}

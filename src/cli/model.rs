@@ -32,8 +32,8 @@ pub struct EvalArgs {
     /// probabilities) into DIR.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Bootstrap resamples of the 95% intervals (0: none).
-    #[arg(long, default_value_t = crate::metrics::DEFAULT_BOOTSTRAP)]
+    /// Bootstrap resamples of the 95% intervals (0: none; at most 100000, as each is kept).
+    #[arg(long, default_value_t = crate::metrics::DEFAULT_BOOTSTRAP, value_parser = bootstrap_resamples)]
     pub bootstrap: usize,
     /// Seed of the bootstrap (default: run.seed): the same seed gives the same intervals.
     #[arg(long)]
@@ -41,6 +41,15 @@ pub struct EvalArgs {
     /// Print the report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `eval --bootstrap`: a number of resamples, at most [`crate::metrics::MAX_BOOTSTRAP`].
+fn bootstrap_resamples(value: &str) -> Result<usize, String> {
+    let resamples: usize = value.parse().map_err(|e| format!("{e}"))?;
+    match resamples <= crate::metrics::MAX_BOOTSTRAP {
+        true => Ok(resamples),
+        false => Err(format!("at most {} resamples", crate::metrics::MAX_BOOTSTRAP)),
+    }
 }
 
 /// The data root and split that `--data` and `--split` name (by default data.root and

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 
+use super::exit::UsageError;
 use super::{exit_code, ConfigArgs};
 use crate::cluster::{job, Communicator};
 use crate::config::Config;
@@ -62,7 +63,7 @@ pub struct ReproduceArgs {
     /// The run to reproduce (its manifest.json).
     pub run_dir: PathBuf,
     /// Re-run only the first N epochs (with the original schedule), and compare those.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub epochs: Option<u32>,
     /// Where the new run goes (default: RUN_DIR-reproduce).
     #[arg(long)]
@@ -118,16 +119,20 @@ fn recorded_config(manifest: &Manifest, run_dir: &Path) -> Result<Config> {
 fn on_ranks(config: &Config, original: &Manifest, ranks: Option<u32>, world_size: usize) -> Result<Config> {
     let Some(ranks) = ranks.map(|r| r as usize) else { return Ok(config.clone()) };
     if ranks != world_size {
-        bail!("--ranks {ranks}, but this job has {world_size} rank(s): start it with {ranks} (e.g. mpirun -np {ranks})");
+        return Err(UsageError(format!(
+            "--ranks {ranks}, but this job has {world_size} rank(s): start it with {ranks} (e.g. mpirun -np {ranks})"
+        ))
+        .into());
     }
     let micro_batches = original.job.world_size * config.train.accumulate.max(1) as usize;
     if micro_batches % ranks != 0 {
-        bail!(
+        return Err(UsageError(format!(
             "--ranks {ranks}: the original's steps are {micro_batches} micro-batches of {} ({} rank(s) x train.accumulate = {}), which do not divide among {ranks} ranks",
             config.data.batch_size,
             original.job.world_size,
             config.train.accumulate
-        );
+        ))
+        .into());
     }
     let mut config = config.clone();
     config.train.accumulate = u32::try_from(micro_batches / ranks)?;

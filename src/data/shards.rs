@@ -152,6 +152,8 @@ pub enum ShardError {
     Options(String),
     #[error("copying {} to {}: sha256 {actual}, but the manifest says {expected}", src.display(), dest.display())]
     CopyMismatch { src: PathBuf, dest: PathBuf, expected: String, actual: String },
+    #[error("{}: sha256 {found}, but it was recorded as {recorded} when the data were prepared: the shard changed since (run rtrain data verify; prepare or stage the data again)", shard.display())]
+    Changed { shard: PathBuf, found: String, recorded: String },
     #[error(transparent)]
     Data(#[from] DataError),
     #[error(transparent)]
@@ -412,6 +414,21 @@ fn copy_hashing(from: &mut impl Read, to: &mut impl Write) -> io::Result<(String
         total += n as u64;
     }
     Ok((hex::encode(hasher.finalize()), total))
+}
+
+/// Refuses a file of `data` whose sha256 differs from the one recorded when the data were made
+/// (a shard's, in the shard manifest), as a training run does when it hashes its data for its
+/// manifest: a label changed inside a shard keeps the shard's size, which is all that opening
+/// it checks. Files with no recorded hash (an image folder's) are not read.
+pub fn check_recorded_sha256(data: &dyn Dataset) -> Result<(), ShardError> {
+    for file in data.files() {
+        let Some(recorded) = data.recorded_sha256(&file) else { continue };
+        let (found, _) = hash_file(&file)?;
+        if found != recorded {
+            return Err(ShardError::Changed { recorded: recorded.to_string(), shard: file, found });
+        }
+    }
+    Ok(())
 }
 
 /// What [`verify`] found.

@@ -331,7 +331,8 @@ pub struct CheckpointEvaluation {
 /// `rtrain eval`: the checkpoint at `path` evaluated on `split` of the data root `root` (a
 /// class-per-folder tree or a shard set), data-parallel over the job's ranks (on the device
 /// training would choose). Every rank returns every image's result, in dataset order, and the
-/// report made from them, the same at any world size. A collective.
+/// report made from them, the same at any world size. A shard set's shards must still have the
+/// sha256 they were prepared with, as in training. A collective.
 pub fn evaluate_checkpoint(
     config: &Config,
     comm: &dyn Communicator,
@@ -344,6 +345,7 @@ pub fn evaluate_checkpoint(
     meta.warn_if_size_differs(path, config.data.image_size);
     plan.compute.prepare_model(&model)?;
     let dataset = crate::data::open_split(root, split, &config.data.class_order)?;
+    crate::data::shards::check_recorded_sha256(dataset.as_ref())?;
     if dataset.classes() != meta.classes {
         return Err(EvalError::Classes {
             dir: dataset.root().to_path_buf(),

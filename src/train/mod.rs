@@ -115,7 +115,8 @@ pub struct Trained {
     pub best_evaluation: Option<eval::CheckpointEvaluation>,
 }
 
-/// Trains as `plan` says into the run directory at `paths`. Every rank calls it.
+/// Trains as `plan` says into the run directory at `paths`; a finished run resumed is left as
+/// it is and its summary returned ([`finished_already`]). Every rank calls it.
 pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Result<Trained, TrainError> {
     let (started, started_at) = (Instant::now(), manifest::now());
     signals::install().map_err(TrainError::Signals)?;
@@ -157,6 +158,13 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
         }
         None => Position::default(),
     };
+    if finished_already(comm.as_ref(), plan, &out, resume_from.is_some(), &position, &trainer) {
+        let summary = match out.writes() {
+            true => Summary::read(&out.paths().summary()).map_err(RunDirError::from)?,
+            false => Summary::default(),
+        };
+        return Ok(Trained { summary, best_evaluation: None });
+    }
     out.start(&plan.config, resume_from.is_some().then_some((position.global_step, position.epoch)))?;
     if out.writes() {
         out.start_manifest(
@@ -402,6 +410,38 @@ fn broadcast_resume_checkpoint(
     let chosen = chosen.map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
     let chosen = cluster::broadcast_string(comm, &chosen, 0);
     Ok(Some(chosen).filter(|p| !p.is_empty()).map(PathBuf::from))
+}
+
+/// Whether the run directory holds a finished run (its summary.json is written) to which
+/// resuming has nothing to add: training would resume at its end, or after early stopping
+/// ended it, or `--resume auto` found no checkpoint to resume from. Resuming it anyway would
+/// only write its summary and weights again without training, and lose its final evaluation
+/// (a Slurm requeue of a finished job runs `--resume auto` again), so it is left as it is.
+/// Rank 0 decides and says so. A collective.
+fn finished_already(
+    comm: &dyn Communicator,
+    plan: &RunPlan,
+    out: &RunDir,
+    resumed: bool,
+    position: &Position,
+    trainer: &Trainer,
+) -> bool {
+    let nothing_to_train = match resumed {
+        true => position.epoch >= plan.last_epoch || trainer.stopped_early().is_some(),
+        false => plan.resume == Resume::Auto,
+    };
+    let summary = out.paths().summary();
+    let finished = out.writes() && nothing_to_train && summary.exists();
+    let finished = cluster::broadcast_string(comm, if finished { "finished" } else { "" }, 0) == "finished";
+    if finished && out.writes() {
+        tracing::info!(
+            "{} holds a finished run ({} is written): nothing is left to train, and the run is left as it \
+             is (to train it further, raise train.epochs and resume it)",
+            out.paths().root().display(),
+            summary.display()
+        );
+    }
+    finished
 }
 
 /// How gradients are averaged: not at all with one rank; else NCCL when the ranks train on
