@@ -739,3 +739,105 @@ fn a_manifest_from_elsewhere_reads_only_inside_its_run_and_is_validated() {
     assert!(stdout.contains("the original ran 9.9.9"), "{stdout}");
     assert!(stdout.contains("reproduced"), "{stdout}");
 }
+
+// --- Issue 50, predict --out ---
+
+/// The tiny model the `predict --out` cases classify with (one epoch, 32 px, 4 classes) and the
+/// synthetic data it was trained on: trained once per test process, under Cargo's scratch
+/// directory for integration tests.
+fn predict_model() -> &'static (std::path::PathBuf, std::path::PathBuf) {
+    static MODEL: std::sync::OnceLock<(std::path::PathBuf, std::path::PathBuf)> = std::sync::OnceLock::new();
+    MODEL.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("issue50-predict-model");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let data = common::synth(&dir, 2, 2, 32);
+        common::assert_success(train_tiny(&dir, &data, "run", &[]), "rtrain train");
+        (dir.join("run/model.safetensors"), data)
+    })
+}
+
+/// `n` of the synthetic validation photos copied into `dir/<to>` as `p0.jpg`, `p1.jpg`...
+fn predict_photos(dir: &Path, to: &str, n: usize) -> Vec<std::path::PathBuf> {
+    let (_, data) = predict_model();
+    let mut sources: Vec<_> = walk_files(&data.join("val"));
+    sources.sort();
+    let target = dir.join(to);
+    std::fs::create_dir_all(&target).unwrap();
+    (0..n)
+        .map(|i| {
+            let path = target.join(format!("p{i}.jpg"));
+            std::fs::copy(&sources[i % sources.len()], &path).unwrap();
+            path
+        })
+        .collect()
+}
+
+fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk_files(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// `rtrain predict --out OUT` with the tiny model: 32 px, batches of 4, one thread, no workers.
+fn predict_out(dir: &Path, out: &str) -> assert_cmd::Command {
+    let (model, _) = predict_model();
+    let mut command = common::rtrain(dir);
+    command.args(["predict", "--checkpoint"]).arg(model);
+    command.args(["--set", "data.image_size=32", "--set", "data.eval_batch_size=4"]);
+    command.args(["--set", "train.threads=1", "--set", "data.workers=0", "--out", out]);
+    command
+}
+
+fn prediction_rows(path: &Path) -> Vec<std::collections::BTreeMap<String, String>> {
+    let mut reader = csv::Reader::from_path(path).unwrap();
+    let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
+    reader
+        .records()
+        .map(|row| header.iter().cloned().zip(row.unwrap().iter().map(String::from)).collect())
+        .collect()
+}
+
+fn json_of(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// Case 50.3: a part whose rows were edited (a class and its probability changed) was merged
+/// as it was, into rows that contradict their own probability columns. Each part now carries a
+/// digest of its rows: a part that does not match it is set aside (`*.invalid`, named in the
+/// log) and classified again, so the rerun writes what the first run wrote.
+#[test]
+fn an_edited_prediction_part_is_set_aside_and_classified_again() {
+    let dir = tempfile::tempdir().unwrap();
+    predict_photos(dir.path(), "photos", 8);
+    let run = || predict_out(dir.path(), "out").args(["--part-size", "4", "photos"]).output().unwrap();
+    common::assert_success(run(), "predict --out");
+    let out = dir.path().join("out");
+    let first = std::fs::read(out.join("predictions.csv")).unwrap();
+
+    let part = out.join("parts/part-000000.jsonl");
+    let text_of_part = std::fs::read_to_string(&part).unwrap();
+    let mut lines: Vec<String> = text_of_part.lines().map(String::from).collect();
+    let mut row: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    let other = if row["class"] == "0-none" { "3-severe" } else { "0-none" };
+    row["class"] = other.into();
+    row["probability"] = 0.99.into();
+    lines[0] = serde_json::to_string(&row).unwrap();
+    std::fs::write(&part, lines.join("\n") + "\n").unwrap();
+
+    let again = common::assert_success(run(), "predict --out again");
+    let stderr = text(&again.stderr);
+    assert!(stderr.contains(&format!("{}", Path::new("out/parts/part-000000.jsonl").display())), "{stderr}");
+    assert!(stderr.contains("set aside"), "{stderr}");
+    assert!(out.join("parts/part-000000.jsonl.invalid").exists());
+    assert_eq!(text(&std::fs::read(out.join("predictions.csv")).unwrap()), text(&first));
+    let summary = json_of(&out.join("summary.json"));
+    assert_eq!(summary["parts_resumed"], 1, "{summary}");
+}

@@ -6,11 +6,13 @@
 //! holds the same images whatever the part size or world size: the numbers are the same
 //! bytes); part `p` belongs to rank `p % world_size`. Each rank runs one loader over all of its
 //! parts (decoding runs ahead across part boundaries) and writes each finished part atomically
-//! to `DIR/parts/part-NNNNNN.jsonl`; a rerun of the same command (same model, inputs and
-//! settings, checked against `DIR/parts/job.json`, whose part size it reuses) skips the parts
-//! that exist. A stop signal ends a rank's work after its current batch, without writing the
-//! part in progress; the ranks learn of it at the end (one all-reduce), and all exit 75. When
-//! every part exists, rank 0 writes the merged files, each atomically.
+//! to `DIR/parts/part-NNNNNN.jsonl`, sealed with its rows' sha256; a rerun of the same
+//! command (same model, inputs and settings, checked against `DIR/parts/job.json`, whose part
+//! size it reuses) skips the parts that exist and are whole, and sets aside (`*.invalid`) and
+//! classifies again those that are not. A stop signal ends a rank's work after its current
+//! batch, without writing the part in progress; the ranks learn of it at the end (one
+//! all-reduce), and all exit 75. When every part exists, rank 0 writes the merged files, each
+//! atomically.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -160,7 +162,7 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
     let parts = inputs.len().div_ceil(key.part_size);
     let mine: Vec<usize> = (topology.rank..parts).step_by(topology.world_size).collect();
     let (done, todo): (Vec<usize>, Vec<usize>) =
-        mine.into_iter().partition(|&p| part_path(&parts_dir, p).exists());
+        mine.into_iter().partition(|&p| is_done(&parts_dir, p, &inputs, key.part_size));
     let classifier = Classifier { model: &model, classes: &meta.classes, plan: &plan, top: request.top };
     signals::arm();
     let classified = classifier.parts(&inputs, &todo, key.part_size, &parts_dir, request.on_bad_image)?;
@@ -278,18 +280,47 @@ fn short(digest: &str) -> &str {
     &digest[..digest.len().min(12)]
 }
 
-/// Every part's records, in order, each part checked to hold its inputs.
+/// Part `part`'s records, checked against its seal and to hold its inputs.
+fn read_part(parts_dir: &Path, part: usize, inputs: &Inputs, part_size: usize) -> Result<Vec<Record>> {
+    let path = part_path(parts_dir, part);
+    let bytes = std::fs::read(&path).with_context(|| format!("reading part {}", path.display()))?;
+    let records = outputs::parse_part(&bytes).with_context(|| format!("{}", path.display()))?;
+    let expected = part_range(part, part_size, inputs.len()).map(|i| inputs.name(i));
+    if !records.iter().map(|r| r.path.as_str()).eq(expected) {
+        bail!("{}: does not hold the images of part {part}", path.display());
+    }
+    Ok(records)
+}
+
+/// Whether part `part` was finished by an earlier run and is whole. A part that exists but
+/// fails its checks (edited, damaged, another job's) is set aside as `*.invalid`, named in the
+/// log, to be classified again: never merged, never lost.
+fn is_done(parts_dir: &Path, part: usize, inputs: &Inputs, part_size: usize) -> bool {
+    let path = part_path(parts_dir, part);
+    if !path.exists() {
+        return false;
+    }
+    let Err(error) = read_part(parts_dir, part, inputs, part_size) else { return true };
+    let mut aside = path.clone().into_os_string();
+    aside.push(".invalid");
+    match std::fs::rename(&path, &aside) {
+        Ok(()) => tracing::warn!(
+            "{error:#}: set aside as {}, and its images classified again",
+            Path::new(&aside).display()
+        ),
+        // Overwritten when the part is written again.
+        Err(rename) => tracing::warn!("{error:#}: classified again ({rename} setting it aside)"),
+    }
+    false
+}
+
+/// Every part's records, in order, each part checked against its seal and to hold its inputs
+/// (a part changed since this run checked it ends the merge, naming it).
 fn read_parts(parts_dir: &Path, parts: usize, inputs: &Inputs, part_size: usize) -> Result<Vec<Record>> {
     let mut records = Vec::with_capacity(inputs.len());
     for part in 0..parts {
-        let path = part_path(parts_dir, part);
-        let bytes = std::fs::read(&path).with_context(|| format!("reading part {}", path.display()))?;
-        let part_records = outputs::parse_jsonl(&bytes)
-            .with_context(|| format!("{}: not a part of predictions", path.display()))?;
-        let expected = part_range(part, part_size, inputs.len()).map(|i| inputs.name(i));
-        if !part_records.iter().map(|r| r.path.as_str()).eq(expected) {
-            bail!("{} does not hold the images of part {part}: remove it and run again", path.display());
-        }
+        let part_records = read_part(parts_dir, part, inputs, part_size)
+            .map_err(|error| anyhow::anyhow!("{error:#}: remove it and run the same command again"))?;
         records.extend(part_records);
     }
     Ok(records)
@@ -351,7 +382,7 @@ impl Classifier<'_> {
                     records[index - first].predicted(self.classes, probabilities, self.top);
                 }
             }
-            write_atomic(&part_path(parts_dir, part), &outputs::jsonl_bytes(&records)?)?;
+            write_atomic(&part_path(parts_dir, part), &outputs::part_bytes(&records)?)?;
             classified += range.len();
         }
         Ok(Some(classified))

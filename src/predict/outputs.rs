@@ -2,12 +2,16 @@
 //! the parts of a job and merged into `predictions.csv`, `predictions.jsonl`,
 //! `predictions.geojson` (RFC 7946) and `summary.json`.
 //!
+//! A part ends with a seal line holding the sha256 of its rows, checked whenever the part is
+//! read, so that a part edited or damaged since it was written is never merged.
+//!
 //! Every byte of the three prediction files is a function of the records alone (no times, no
 //! rank numbers), so they are identical at any world size and worker count.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::data::photo::PhotoTags;
 
@@ -156,6 +160,46 @@ pub fn parse_jsonl(bytes: &[u8]) -> Result<Vec<Record>, serde_json::Error> {
     bytes.split(|&b| b == b'\n').filter(|line| !line.is_empty()).map(serde_json::from_slice).collect()
 }
 
+/// Why a part's bytes are not a part to merge.
+#[derive(Debug, thiserror::Error)]
+pub enum PartError {
+    #[error("no seal line at its end (cut short, or not written by this version of rtrain)")]
+    Unsealed,
+    #[error("its rows do not match the sha256 it was sealed with (edited or damaged since)")]
+    Mismatch,
+    #[error("not JSON lines of predictions: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// A part's last line.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PartSeal {
+    /// sha256 of every byte of the part before this line.
+    rows_sha256: String,
+}
+
+/// A part of a job: its records as JSON lines, then its seal.
+pub fn part_bytes(records: &[Record]) -> Result<Vec<u8>, serde_json::Error> {
+    let mut bytes = jsonl_bytes(records)?;
+    let seal = PartSeal { rows_sha256: hex::encode(Sha256::digest(&bytes)) };
+    serde_json::to_writer(&mut bytes, &seal)?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+/// The records of a part that [`part_bytes`] wrote, refused unless its seal matches them.
+pub fn parse_part(bytes: &[u8]) -> Result<Vec<Record>, PartError> {
+    let body = bytes.strip_suffix(b"\n").ok_or(PartError::Unsealed)?;
+    let rows_end = body.iter().rposition(|&b| b == b'\n').map_or(0, |newline| newline + 1);
+    let (rows, seal) = body.split_at(rows_end);
+    let seal: PartSeal = serde_json::from_slice(seal).map_err(|_| PartError::Unsealed)?;
+    if hex::encode(Sha256::digest(rows)) != seal.rows_sha256 {
+        return Err(PartError::Mismatch);
+    }
+    Ok(parse_jsonl(rows)?)
+}
+
 /// `predictions.geojson`: an RFC 7946 FeatureCollection with one Point (longitude, latitude[,
 /// altitude]) per photo that has a GPS position, its properties the CSV's columns (flat, as
 /// QGIS and Hazmapper show them). Photos without a position are left out here (they are in the
@@ -285,5 +329,25 @@ mod tests {
         assert_eq!((counts.images, counts.classified, counts.without_gps), (2, 2, 1));
         assert_eq!(counts.per_class["C4"], 2);
         assert_eq!(parse_jsonl(&jsonl_bytes(&records).unwrap()).unwrap(), records);
+    }
+
+    #[test]
+    fn a_part_is_read_only_as_it_was_sealed() {
+        let mut record = Record::new("a.jpg".into(), Some("ab".into()), Some((4, 3)), None);
+        record.predicted(&classes(), vec![0.25, 0.5, 0.25], 0);
+        let records = vec![record.clone(), record];
+        let bytes = part_bytes(&records).unwrap();
+        assert_eq!(parse_part(&bytes).unwrap(), records);
+        assert!(matches!(parse_part(&part_bytes(&[]).unwrap()), Ok(rows) if rows.is_empty()));
+        // The class of the first row changed, its probabilities left: refused.
+        let edited = String::from_utf8(bytes.clone()).unwrap().replacen("\"C2\"", "\"C4\"", 1);
+        assert!(matches!(parse_part(edited.as_bytes()), Err(PartError::Mismatch)));
+        // A row dropped, or the seal cut off.
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        let dropped: String = text.lines().skip(1).map(|line| format!("{line}\n")).collect();
+        assert!(matches!(parse_part(dropped.as_bytes()), Err(PartError::Mismatch)));
+        let unsealed = jsonl_bytes(&records).unwrap();
+        assert!(matches!(parse_part(&unsealed), Err(PartError::Unsealed)));
+        assert!(matches!(parse_part(&bytes[..bytes.len() - 3]), Err(PartError::Unsealed)));
     }
 }
