@@ -841,3 +841,41 @@ fn an_edited_prediction_part_is_set_aside_and_classified_again() {
     let summary = json_of(&out.join("summary.json"));
     assert_eq!(summary["parts_resumed"], 1, "{summary}");
 }
+
+/// Case 50.2: file names that are not UTF-8 were made text (lossily) before they were told
+/// apart: `x\xff.jpg` and `x\xfe.jpg` became one row (4 files in, `"images": 3` out, nothing
+/// said), and two class folders named so became two classes of the same name. Paths stay paths
+/// until written (each byte that is not UTF-8 written as `\xHH`); a class folder whose name is
+/// not UTF-8 is refused, naming it.
+#[test]
+fn names_that_are_not_utf8_stay_apart_and_such_a_class_folder_is_refused() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let photos = predict_photos(dir.path(), "photos", 4);
+    let named = |bytes: &[u8]| dir.path().join("photos").join(std::ffi::OsStr::from_bytes(bytes));
+    std::fs::rename(&photos[2], named(b"x\xff.jpg")).unwrap();
+    std::fs::rename(&photos[3], named(b"x\xfe.jpg")).unwrap();
+    let output = predict_out(dir.path(), "out").arg("photos").output().unwrap();
+    common::assert_success(output, "predict --out");
+    let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
+    let paths: Vec<&str> = rows.iter().map(|row| row["path"].as_str()).collect();
+    assert_eq!(paths, ["photos/p0.jpg", "photos/p1.jpg", "photos/x\\xfe.jpg", "photos/x\\xff.jpg"]);
+    assert!(rows.iter().all(|row| !row["class"].is_empty()), "{rows:?}");
+    assert_eq!(json_of(&dir.path().join("out/summary.json"))["images"], 4);
+
+    let data = dir.path().join("classes");
+    for split in ["train", "val"] {
+        for (class, photo) in [(&b"c\xff"[..], &photos[0]), (&b"c\xfe"[..], &photos[1])] {
+            let class_dir = data.join(split).join(std::ffi::OsStr::from_bytes(class));
+            std::fs::create_dir_all(&class_dir).unwrap();
+            for name in ["a.jpg", "b.jpg"] {
+                std::fs::copy(photo, class_dir.join(name)).unwrap();
+            }
+        }
+    }
+    let train = train_tiny(dir.path(), &data, "run", &[]);
+    let stderr = text(&train.stderr);
+    assert_eq!(train.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("classes/train/c\\xfe: a class folder whose name is not UTF-8"), "{stderr}");
+    assert!(!dir.path().join("run/model.safetensors").exists());
+}

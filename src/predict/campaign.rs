@@ -68,7 +68,7 @@ struct JobKey {
     part_size: usize,
     rtrain_version: String,
     model_sha256: String,
-    /// sha256 over the inputs' names, in order.
+    /// sha256 over the inputs' paths, in order.
     inputs_sha256: String,
     images: usize,
     /// The configuration's hash (image size, transform, batch size, precision...).
@@ -219,10 +219,11 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
 }
 
 fn names_digest(inputs: &Inputs) -> String {
+    use std::os::unix::ffi::OsStrExt;
     let mut hasher = Sha256::new();
-    for name in inputs.names() {
-        hasher.update((name.len() as u64).to_le_bytes());
-        hasher.update(name.as_bytes());
+    for path in inputs.paths() {
+        hasher.update((path.len() as u64).to_le_bytes());
+        hasher.update(path.as_bytes());
     }
     hex::encode(hasher.finalize())
 }

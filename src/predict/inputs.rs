@@ -1,7 +1,11 @@
 //! What `rtrain predict --out` classifies: the INPUTs of its command line — image files,
 //! directories searched recursively, shard sets, and the paths listed in `--from-list` files —
-//! gathered into one list in a stable order (sorted by name), behind the loader's
-//! [`Dataset`] trait.
+//! gathered into one list in a stable order (sorted by path, byte by byte), behind the
+//! loader's [`Dataset`] trait.
+//!
+//! Inputs are told apart and sorted by their paths as the file system spells them; only their
+//! names in the outputs are text, with each byte of a path that is not UTF-8 written as `\xHH`
+//! ([`path_text`]), so two photos whose names differ only in such bytes stay two rows.
 //!
 //! A shard set's samples are named by the source photo's path that `data prepare` recorded
 //! (`<key>.json`), so they are named, hashed and mapped as the photos they were made from.
@@ -13,13 +17,15 @@
 //! links to directories are not (as `find` does), so a link loop cannot recurse for ever.
 
 use std::borrow::Cow;
+use std::ffi::{OsStr, OsString};
 use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::data::dataset::{DataError, Dataset};
 use crate::data::decode::MAX_IMAGE_FILE_BYTES;
 use crate::data::shards::{self, SampleSource, ShardError, ShardSet};
-use crate::util::files::{open_regular, read_regular};
+use crate::util::files::{open_regular, path_text, read_regular};
 
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
@@ -44,13 +50,22 @@ enum Source {
 }
 
 struct Input {
-    /// How outputs name it: the file's path as reached from its INPUT, or
-    /// `<shard set>/<split>/<key>` for a shard sample.
+    /// What inputs are told apart and sorted by: the file's path as reached from its INPUT, or
+    /// `<shard set>/<source path>` (`<shard set>/<split>/<key>`) for a shard sample.
+    path: OsString,
+    /// How outputs name it: `path` as text ([`path_text`]).
     name: String,
     source: Source,
 }
 
-/// Every image to classify, sorted by name, duplicates removed.
+impl Input {
+    fn new(path: OsString, source: Source) -> Input {
+        let name = path_text(Path::new(&path)).into_owned();
+        Input { path, name, source }
+    }
+}
+
+/// Every image to classify, sorted by path, duplicates removed.
 pub struct Inputs {
     items: Vec<Input>,
     shard_sets: Vec<ShardSet>,
@@ -81,10 +96,10 @@ impl Inputs {
         for path in &all {
             inputs.add(path)?;
         }
-        inputs.items.sort_by(|a, b| a.name.cmp(&b.name));
-        inputs.items.dedup_by(|a, b| a.name == b.name);
+        inputs.items.sort_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
+        inputs.items.dedup_by(|a, b| a.path == b.path);
         if inputs.items.is_empty() {
-            let names: Vec<String> = all.iter().map(|p| p.display().to_string()).collect();
+            let names: Vec<Cow<'_, str>> = all.iter().map(|p| path_text(p)).collect();
             return Err(InputError::Empty { inputs: names.join(", ") });
         }
         Ok(inputs)
@@ -110,7 +125,7 @@ impl Inputs {
     }
 
     fn push_file(&mut self, path: PathBuf) {
-        self.items.push(Input { name: path.to_string_lossy().into_owned(), source: Source::File(path) });
+        self.items.push(Input::new(path.clone().into_os_string(), Source::File(path)));
     }
 
     fn add_shard_set(&mut self, root: &Path) -> Result<(), InputError> {
@@ -118,16 +133,19 @@ impl Inputs {
         for split in manifest.splits.keys() {
             let set = ShardSet::open(root, split)?;
             let index_of_set = self.shard_sets.len();
-            let root_name = root.to_string_lossy();
-            let root_name = root_name.trim_end_matches('/');
+            let root_bytes = root.as_os_str().as_bytes();
+            let root_name = OsStr::from_bytes(root_bytes.strip_suffix(b"/").unwrap_or(root_bytes));
             for index in 0..set.len() {
                 // The source photo's path under the shard set when the shard records it (so
                 // the rows of a tree and of its shards have the same names below their roots).
-                let name = match set.source(index) {
-                    Some(source) => format!("{root_name}/{}", source.path),
-                    None => format!("{root_name}/{split}/{}", set.key(index).unwrap_or_default()),
+                let below = match set.source(index) {
+                    Some(source) => source.path,
+                    None => format!("{split}/{}", set.key(index).unwrap_or_default()),
                 };
-                self.items.push(Input { name, source: Source::Shard { set: index_of_set, index } });
+                let mut path = root_name.to_os_string();
+                path.push("/");
+                path.push(below);
+                self.items.push(Input::new(path, Source::Shard { set: index_of_set, index }));
             }
             self.shard_sets.push(set);
         }
@@ -179,9 +197,9 @@ impl Inputs {
         }
     }
 
-    /// Every input's name, in order (what ranks compare to know they see the same inputs).
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.items.iter().map(|input| input.name.as_str())
+    /// Every input's path, in order (what ranks compare to know they see the same inputs).
+    pub fn paths(&self) -> impl Iterator<Item = &OsStr> {
+        self.items.iter().map(|input| input.path.as_os_str())
     }
 }
 
