@@ -879,3 +879,50 @@ fn names_that_are_not_utf8_stay_apart_and_such_a_class_folder_is_refused() {
     assert!(stderr.contains("classes/train/c\\xfe: a class folder whose name is not UTF-8"), "{stderr}");
     assert!(!dir.path().join("run/model.safetensors").exists());
 }
+
+/// What `summary.json` lists as left out: (path, reason) pairs.
+fn ignored_in(summary: &serde_json::Value) -> Vec<(String, String)> {
+    summary["ignored"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no list of ignored files: {summary}"))
+        .iter()
+        .map(|entry| (entry["path"].as_str().unwrap().into(), entry["reason"].as_str().unwrap().into()))
+        .collect()
+}
+
+/// Case 50.14: the photos under a symbolic link to a folder were left out in silence
+/// ("classified 2 of 2 images", the link only counted in `ignored_files: 1`). Links to folders
+/// are followed, each folder searched once (a link back up the tree is not a loop), and every
+/// path left out is named, with why, in the log and in summary.json's `ignored`.
+#[test]
+fn a_symlinked_folder_is_searched_once_and_what_is_left_out_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    predict_photos(dir.path(), "campaign/day1", 2);
+    predict_photos(dir.path(), "elsewhere/day2", 2);
+    std::os::unix::fs::symlink("../elsewhere/day2", dir.path().join("campaign/day2")).unwrap();
+    std::os::unix::fs::symlink("..", dir.path().join("campaign/day1/up")).unwrap();
+    std::fs::write(dir.path().join("campaign/day1/notes.txt"), "field notes\n").unwrap();
+    let output = predict_out(dir.path(), "out").arg("campaign").output().unwrap();
+    let output = common::assert_success(output, "predict --out");
+    let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
+    let paths: Vec<&str> = rows.iter().map(|row| row["path"].as_str()).collect();
+    assert_eq!(
+        paths,
+        ["campaign/day1/p0.jpg", "campaign/day1/p1.jpg", "campaign/day2/p0.jpg", "campaign/day2/p1.jpg"]
+    );
+    let summary = json_of(&dir.path().join("out/summary.json"));
+    assert_eq!(summary["images"], 4, "{summary}");
+    let ignored = ignored_in(&summary);
+    assert_eq!(
+        ignored,
+        [
+            ("campaign/day1/notes.txt".to_string(), "not a JPEG or PNG image".to_string()),
+            ("campaign/day1/up".to_string(), "a link to campaign, a folder already searched".to_string()),
+        ]
+    );
+    assert_eq!(summary["ignored_files"], 2, "{summary}");
+    let stderr = text(&output.stderr);
+    for (path, reason) in &ignored {
+        assert!(stderr.contains(&format!("{path}: left out: {reason}")), "{stderr}");
+    }
+}

@@ -23,7 +23,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tch::{Kind, Tensor};
 
-use super::inputs::Inputs;
+use super::inputs::{Ignored, Inputs};
 use super::outputs::{self, Record};
 use crate::cluster::signals::{self, StoppedBySignal};
 use crate::cluster::{self, Communicator};
@@ -93,15 +93,16 @@ fn part_range(part: usize, part_size: usize, images: usize) -> std::ops::Range<u
 
 /// `summary.json`.
 #[derive(Debug, Serialize)]
-struct Summary {
+struct Summary<'a> {
     model: PathBuf,
     model_sha256: String,
     rtrain_version: String,
     inputs: Vec<PathBuf>,
     #[serde(flatten)]
     counts: outputs::Counts,
-    /// Files met in directories that are not images, left out.
+    /// Files and folders met in directories and left out: how many, and each with why.
     ignored_files: usize,
+    ignored: &'a [Ignored],
     parts: usize,
     /// Parts found finished by an earlier run of the same command.
     parts_resumed: usize,
@@ -125,6 +126,11 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
     let topology = comm.topology().clone();
     let plan = RunPlan::for_prediction(config, &topology)?;
     let inputs = Arc::new(Inputs::gather(&request.inputs, &request.lists)?);
+    if topology.is_root() {
+        for ignored in &inputs.ignored {
+            tracing::warn!("{}: left out: {}", ignored.path, ignored.reason);
+        }
+    }
     let inputs_sha256 = names_digest(&inputs);
     let seen = cluster::gather_strings(comm.as_ref(), &inputs_sha256);
     if let Some(rank) = seen.iter().position(|digest| *digest != seen[0]) {
@@ -194,7 +200,8 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
         rtrain_version: key.rtrain_version.clone(),
         inputs: request.inputs.iter().chain(&request.lists).cloned().collect(),
         counts: outputs::counts(&records, classes),
-        ignored_files: inputs.ignored,
+        ignored_files: inputs.ignored.len(),
+        ignored: &inputs.ignored,
         parts,
         parts_resumed: totals[1] as usize,
         ranks: world,

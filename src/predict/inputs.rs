@@ -13,10 +13,13 @@
 //! In a directory an image is recognised by its content (a JPEG's or PNG's first bytes), so a
 //! camera's `IMG_0001.JPG`, a phone's extensionless export and `photo.jpeg` are all found;
 //! a file with an image's extension whose content is not an image stays in the list, to be
-//! reported as a bad image rather than silently left out. Symbolic links to files are followed,
-//! links to directories are not (as `find` does), so a link loop cannot recurse for ever.
+//! reported as a bad image rather than silently left out. Symbolic links are followed, to
+//! files and to folders alike; each folder is searched once (known by its canonical path), so
+//! a link back up the tree is not a loop. Every file or folder met and left out is kept in
+//! [`Inputs::ignored`] with why, for the log and the summary to name.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -69,8 +72,17 @@ impl Input {
 pub struct Inputs {
     items: Vec<Input>,
     shard_sets: Vec<ShardSet>,
-    /// Files met in directories that are not images (by content or extension).
-    pub ignored: usize,
+    /// What was met in directories and left out, in the order met.
+    pub ignored: Vec<Ignored>,
+    /// Each folder searched, by its canonical path, with the path it was first reached by.
+    searched: HashMap<PathBuf, PathBuf>,
+}
+
+/// A file or folder met in a directory and left out, with why.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Ignored {
+    pub path: String,
+    pub reason: String,
 }
 
 /// The extensions a file is expected to be an image by, even when its content says otherwise.
@@ -92,7 +104,12 @@ impl Inputs {
                     .map(PathBuf::from),
             );
         }
-        let mut inputs = Inputs { items: Vec::new(), shard_sets: Vec::new(), ignored: 0 };
+        let mut inputs = Inputs {
+            items: Vec::new(),
+            shard_sets: Vec::new(),
+            ignored: Vec::new(),
+            searched: HashMap::new(),
+        };
         for path in &all {
             inputs.add(path)?;
         }
@@ -152,7 +169,25 @@ impl Inputs {
         Ok(())
     }
 
+    fn ignore(&mut self, path: &Path, reason: String) {
+        self.ignored.push(Ignored { path: path_text(path).into_owned(), reason });
+    }
+
     fn add_directory(&mut self, dir: &Path) -> Result<(), InputError> {
+        let canonical = std::fs::canonicalize(dir)
+            .map_err(|source| InputError::Io { path: dir.to_path_buf(), source })?;
+        if let Some(first) = self.searched.get(&canonical) {
+            let first = path_text(first).into_owned();
+            let is_link = std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink());
+            let reason = if is_link {
+                format!("a link to {first}, a folder already searched")
+            } else {
+                format!("a folder already searched, as {first}")
+            };
+            self.ignore(dir, reason);
+            return Ok(());
+        }
+        self.searched.insert(canonical, dir.to_path_buf());
         let entries =
             std::fs::read_dir(dir).map_err(|source| InputError::Io { path: dir.to_path_buf(), source })?;
         let mut paths = Vec::new();
@@ -162,15 +197,15 @@ impl Inputs {
         }
         paths.sort();
         for path in paths {
-            let Ok(link) = std::fs::symlink_metadata(&path) else { continue };
-            if link.is_dir() {
-                self.add_directory(&path)?;
-                continue;
-            }
-            if is_image(&path) {
-                self.push_file(path);
-            } else {
-                self.ignored += 1;
+            // Links followed: a link to a folder is searched as the folder.
+            match std::fs::metadata(&path) {
+                Ok(metadata) if metadata.is_dir() => self.add_directory(&path)?,
+                Ok(_) if is_image(&path) => self.push_file(path),
+                Ok(_) => self.ignore(&path, "not a JPEG or PNG image".into()),
+                // A dangling link named as an image is a row with its error, as an unreadable
+                // image is.
+                Err(_) if has_image_extension(&path) => self.push_file(path),
+                Err(error) => self.ignore(&path, format!("cannot read: {error}")),
             }
         }
         Ok(())
@@ -203,16 +238,18 @@ impl Inputs {
     }
 }
 
+fn has_image_extension(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| IMAGE_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+}
+
 /// Whether a file met in a directory is to be classified: its first bytes are a JPEG's or a
 /// PNG's, or its extension says it is an image (then a failure to decode it is reported). Only
 /// regular files are opened: a FIFO is never waited on, and one with an image's extension is
 /// kept so that it is reported.
 fn is_image(path: &Path) -> bool {
-    let by_extension = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .is_some_and(|e| IMAGE_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()));
-    if by_extension {
+    if has_image_extension(path) {
         return true;
     }
     let Ok((mut file, _)) = open_regular(path) else { return false };
