@@ -926,3 +926,30 @@ fn a_symlinked_folder_is_searched_once_and_what_is_left_out_is_named() {
         assert!(stderr.contains(&format!("{path}: left out: {reason}")), "{stderr}");
     }
 }
+
+/// Case 50.5: `predict --out --top 4294967296` made a header of 2^33 columns until the
+/// machine's OOM killer ended it (23 GB). `--top` is clamped to the model's class count, as
+/// `predict` without `--out` does. (Run under a 6 GB address-space limit, so that a regression
+/// fails here rather than taking the machine.)
+#[test]
+fn a_top_beyond_the_class_count_is_the_class_count() {
+    let dir = tempfile::tempdir().unwrap();
+    predict_photos(dir.path(), "photos", 2);
+    let (model, _) = predict_model();
+    let output = std::process::Command::new("sh")
+        .current_dir(dir.path())
+        .args(["-c", "ulimit -v 6000000 && exec \"$@\"", "sh"])
+        .arg(assert_cmd::cargo::cargo_bin("rtrain"))
+        .args(["predict", "--checkpoint"])
+        .arg(model)
+        .args(["--set", "data.image_size=32", "--set", "train.threads=1", "--set", "data.workers=0"])
+        .args(["--out", "out", "--top", "4294967296", "photos"])
+        .output()
+        .unwrap();
+    common::assert_success(output, "predict --out --top 4294967296");
+    let csv = std::fs::read_to_string(dir.path().join("out/predictions.csv")).unwrap();
+    let header = csv.lines().next().unwrap();
+    assert!(header.contains(",top4_class,top4_probability,") && !header.contains("top5"), "{header}");
+    let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
+    assert!(rows.iter().all(|row| !row["top4_class"].is_empty()), "{rows:?}");
+}

@@ -53,7 +53,7 @@ pub struct Request {
     pub inputs: Vec<PathBuf>,
     pub lists: Vec<PathBuf>,
     pub out: PathBuf,
-    /// Columns for the `top` most likely classes (0: none).
+    /// Columns for the `top` most likely classes (0: none; at most the model's classes).
     pub top: usize,
     /// Images per part; None: the part size of the job being continued, or for a new job
     /// [`auto_part_size`].
@@ -142,6 +142,9 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
     let (model, meta) = checkpoint::load_model_on(&request.checkpoint, plan.compute.device)?;
     meta.warn_if_size_differs(&request.checkpoint, config.data.image_size);
     plan.compute.prepare_model(&model)?;
+    // As `predict` without --out: no more columns than classes (4294967296 of them filled the
+    // memory before a photo was read).
+    let top = request.top.min(meta.classes.len());
     let batch = plan.eval_loader().batch_size;
     let mut key = JobKey {
         part_size: 0,
@@ -150,7 +153,7 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
         inputs_sha256,
         images: inputs.len(),
         config_hash: config.hash()?,
-        top: request.top,
+        top,
     };
     let parts_dir = request.out.join("parts");
     let prepared = if topology.is_root() {
@@ -169,7 +172,7 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
     let mine: Vec<usize> = (topology.rank..parts).step_by(topology.world_size).collect();
     let (done, todo): (Vec<usize>, Vec<usize>) =
         mine.into_iter().partition(|&p| is_done(&parts_dir, p, &inputs, key.part_size));
-    let classifier = Classifier { model: &model, classes: &meta.classes, plan: &plan, top: request.top };
+    let classifier = Classifier { model: &model, classes: &meta.classes, plan: &plan, top };
     signals::arm();
     let classified = classifier.parts(&inputs, &todo, key.part_size, &parts_dir, request.on_bad_image)?;
     let stopped = classified.is_none() || signals::requested().is_some();
@@ -190,7 +193,7 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
     let records = read_parts(&parts_dir, parts, &inputs, key.part_size)?;
     let classes = &meta.classes;
     let out = &request.out;
-    write_atomic(&out.join("predictions.csv"), &outputs::csv_bytes(&records, classes, request.top)?)?;
+    write_atomic(&out.join("predictions.csv"), &outputs::csv_bytes(&records, classes, top)?)?;
     write_atomic(&out.join("predictions.jsonl"), &outputs::jsonl_bytes(&records)?)?;
     write_atomic(&out.join("predictions.geojson"), &outputs::geojson_bytes(&records, classes)?)?;
     let wall_seconds = started.elapsed().as_secs_f64();
