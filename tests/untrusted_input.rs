@@ -953,3 +953,28 @@ fn a_top_beyond_the_class_count_is_the_class_count() {
     let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
     assert!(rows.iter().all(|row| !row["top4_class"].is_empty()), "{rows:?}");
 }
+
+/// Case 50 (a resumed job): a photo replaced after its part was finished kept its old row
+/// (the old sha256 and class) when the job was run again. Each part records the size and
+/// modification time of its files; a part with a photo changed since is classified again,
+/// naming the photo.
+#[test]
+fn a_photo_changed_since_its_part_was_done_is_classified_again() {
+    use sha2::Digest;
+    let dir = tempfile::tempdir().unwrap();
+    let photos = predict_photos(dir.path(), "photos", 8);
+    let run = || predict_out(dir.path(), "out").args(["--part-size", "4", "photos"]).output().unwrap();
+    common::assert_success(run(), "predict --out");
+    let replacement = std::fs::read(&photos[6]).unwrap();
+    std::fs::write(&photos[1], &replacement).unwrap();
+    let again = common::assert_success(run(), "predict --out again");
+    let stderr = text(&again.stderr);
+    assert!(stderr.contains("photos/p1.jpg") && stderr.contains("changed"), "{stderr}");
+    let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
+    let sha256 = hex::encode(sha2::Sha256::digest(&replacement));
+    assert_eq!(rows[1]["path"], "photos/p1.jpg");
+    assert_eq!(rows[1]["sha256"], sha256, "{:?}", rows[1]);
+    assert_eq!(rows[1]["class"], rows[6]["class"]);
+    let summary = json_of(&dir.path().join("out/summary.json"));
+    assert_eq!(summary["parts_resumed"], 1, "{summary}");
+}

@@ -24,7 +24,7 @@ use sha2::{Digest, Sha256};
 use tch::{Kind, Tensor};
 
 use super::inputs::{Ignored, Inputs};
-use super::outputs::{self, Record};
+use super::outputs::{self, FileStamp, Part, Record};
 use crate::cluster::signals::{self, StoppedBySignal};
 use crate::cluster::{self, Communicator};
 use crate::config::Config;
@@ -291,27 +291,57 @@ fn short(digest: &str) -> &str {
     &digest[..digest.len().min(12)]
 }
 
-/// Part `part`'s records, checked against its seal and to hold its inputs.
-fn read_part(parts_dir: &Path, part: usize, inputs: &Inputs, part_size: usize) -> Result<Vec<Record>> {
+/// Part `part`, checked against its seal and to hold its inputs.
+fn read_part(parts_dir: &Path, part: usize, inputs: &Inputs, part_size: usize) -> Result<Part> {
     let path = part_path(parts_dir, part);
     let bytes = std::fs::read(&path).with_context(|| format!("reading part {}", path.display()))?;
-    let records = outputs::parse_part(&bytes).with_context(|| format!("{}", path.display()))?;
+    let read = outputs::parse_part(&bytes).with_context(|| format!("{}", path.display()))?;
     let expected = part_range(part, part_size, inputs.len()).map(|i| inputs.name(i));
-    if !records.iter().map(|r| r.path.as_str()).eq(expected) {
+    if !read.records.iter().map(|r| r.path.as_str()).eq(expected) {
         bail!("{}: does not hold the images of part {part}", path.display());
     }
-    Ok(records)
+    Ok(read)
 }
 
-/// Whether part `part` was finished by an earlier run and is whole. A part that exists but
-/// fails its checks (edited, damaged, another job's) is set aside as `*.invalid`, named in the
-/// log, to be classified again: never merged, never lost.
+/// The stamp of input `index`'s file as it is now (None for a shard sample, or a file that
+/// cannot be read).
+fn stamp_now(inputs: &Inputs, index: usize) -> Option<FileStamp> {
+    inputs.file(index).and_then(|path| std::fs::metadata(path).ok()).map(|metadata| FileStamp::of(&metadata))
+}
+
+/// The first input of `part` (which starts at input `first`) that changed since the part was
+/// written: a file's size or modification time, or the source photo a shard sample records.
+fn changed_since<'i>(part: &Part, inputs: &'i Inputs, first: usize) -> Option<&'i str> {
+    let rows = part.records.iter().zip(&part.files).enumerate();
+    rows.map(|(offset, (record, stamp))| (first + offset, record, stamp))
+        .find(|&(index, record, stamp)| match inputs.shard_source(index) {
+            Some(source) => record.sha256.as_deref() != Some(source.sha256.as_str()),
+            None => stamp_now(inputs, index) != *stamp,
+        })
+        .map(|(index, _, _)| inputs.name(index))
+}
+
+/// Whether part `part` was finished by an earlier run, is whole, and its photos have not
+/// changed since. A part that exists but fails its checks (edited, damaged, another job's) is
+/// set aside as `*.invalid`, named in the log, to be classified again: never merged, never
+/// lost. A part with a photo changed since is classified again, naming the photo.
 fn is_done(parts_dir: &Path, part: usize, inputs: &Inputs, part_size: usize) -> bool {
     let path = part_path(parts_dir, part);
     if !path.exists() {
         return false;
     }
-    let Err(error) = read_part(parts_dir, part, inputs, part_size) else { return true };
+    let error = match read_part(parts_dir, part, inputs, part_size) {
+        Ok(read) => {
+            let first = part_range(part, part_size, inputs.len()).start;
+            let Some(changed) = changed_since(&read, inputs, first) else { return true };
+            tracing::warn!(
+                "{changed}: changed since {} was written: its images are classified again",
+                path.display()
+            );
+            return false;
+        }
+        Err(error) => error,
+    };
     let mut aside = path.clone().into_os_string();
     aside.push(".invalid");
     match std::fs::rename(&path, &aside) {
@@ -330,9 +360,9 @@ fn is_done(parts_dir: &Path, part: usize, inputs: &Inputs, part_size: usize) -> 
 fn read_parts(parts_dir: &Path, parts: usize, inputs: &Inputs, part_size: usize) -> Result<Vec<Record>> {
     let mut records = Vec::with_capacity(inputs.len());
     for part in 0..parts {
-        let part_records = read_part(parts_dir, part, inputs, part_size)
+        let read = read_part(parts_dir, part, inputs, part_size)
             .map_err(|error| anyhow::anyhow!("{error:#}: remove it and run the same command again"))?;
-        records.extend(part_records);
+        records.extend(read.records);
     }
     Ok(records)
 }
@@ -368,7 +398,8 @@ impl Classifier<'_> {
             let range = part_range(part, part_size, inputs.len());
             let first = range.start;
             // Hashing and Exif run here while the loader's workers decode ahead.
-            let mut records = describe_files(inputs, range.clone(), self.plan.loader_workers.max(1));
+            let mut described = describe_files(inputs, range.clone(), self.plan.loader_workers.max(1));
+            let records = &mut described.records;
             // Part sizes are multiples of the batch size: the part's batches are its own.
             for batch in loader.by_ref().take(range.len().div_ceil(batch_size)) {
                 if signals::requested().is_some() {
@@ -393,7 +424,7 @@ impl Classifier<'_> {
                     records[index - first].predicted(self.classes, probabilities, self.top);
                 }
             }
-            write_atomic(&part_path(parts_dir, part), &outputs::part_bytes(&records)?)?;
+            write_atomic(&part_path(parts_dir, part), &outputs::part_bytes(&described)?)?;
             classified += range.len();
         }
         Ok(Some(classified))
@@ -413,9 +444,9 @@ impl Classifier<'_> {
     }
 }
 
-/// The record of each input in `range` with what its bytes say (sha256, size, Exif), read on
-/// `threads` threads.
-fn describe_files(inputs: &Inputs, range: std::ops::Range<usize>, threads: usize) -> Vec<Record> {
+/// The record of each input in `range` with what its bytes say (sha256, size, Exif), and the
+/// stamp of its file, read on `threads` threads.
+fn describe_files(inputs: &Inputs, range: std::ops::Range<usize>, threads: usize) -> Part {
     let indices: Vec<usize> = range.collect();
     let chunk = indices.len().div_ceil(threads).max(1);
     std::thread::scope(|scope| {
@@ -425,28 +456,32 @@ fn describe_files(inputs: &Inputs, range: std::ops::Range<usize>, threads: usize
                 scope.spawn(move || chunk.iter().map(|&i| describe_file(inputs, i)).collect::<Vec<_>>())
             })
             .collect();
-        handles.into_iter().flat_map(|h| h.join().expect("describing files does not panic")).collect()
+        let described = handles.into_iter().flat_map(|h| h.join().expect("describing files does not panic"));
+        let (records, files) = described.unzip();
+        Part { records, files }
     })
 }
 
 /// An input's record with what its source says: a file's from its bytes, a shard sample's from
 /// the source photo its shard recorded (its sha256, size and Exif, which a `--resize`d copy no
-/// longer has) — the same [`SampleSource`] either way.
-fn describe_file(inputs: &Inputs, index: usize) -> Record {
+/// longer has) — the same [`SampleSource`] either way. A file's stamp is taken before it is
+/// read, so that a file changed meanwhile is seen as changed on a rerun.
+fn describe_file(inputs: &Inputs, index: usize) -> (Record, Option<FileStamp>) {
     let name = inputs.name(index).to_string();
+    let stamp = stamp_now(inputs, index);
     let source = match inputs.shard_source(index) {
         Some(source) => source,
         None => match inputs.encoded(index) {
             Ok(bytes) => SampleSource::of(Path::new(&name), &bytes),
             // The loader reports why, in the record's error.
-            Err(_) => return Record::new(name, None, None, None),
+            Err(_) => return (Record::new(name, None, None, None), stamp),
         },
     };
     if let Some(problem) = &source.tags.gps_problem {
         tracing::warn!("{name}: GPS block not read ({problem}): no position");
     }
     let size = source.width.zip(source.height);
-    Record::new(name, Some(source.sha256), size, Some(&source.tags))
+    (Record::new(name, Some(source.sha256), size, Some(&source.tags)), stamp)
 }
 
 #[cfg(test)]

@@ -224,6 +224,14 @@ impl Inputs {
         self.items.get(index).map_or("", |input| input.name.as_str())
     }
 
+    /// Input `index`'s file (None for a shard sample).
+    pub fn file(&self, index: usize) -> Option<&Path> {
+        match self.items.get(index)?.source {
+            Source::File(ref path) => Some(path),
+            Source::Shard { .. } => None,
+        }
+    }
+
     /// Where shard sample `index` came from, as its shard records it (None for a file).
     pub fn shard_source(&self, index: usize) -> Option<SampleSource> {
         match self.items.get(index)?.source {

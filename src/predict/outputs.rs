@@ -2,8 +2,10 @@
 //! the parts of a job and merged into `predictions.csv`, `predictions.jsonl`,
 //! `predictions.geojson` (RFC 7946) and `summary.json`.
 //!
-//! A part ends with a seal line holding the sha256 of its rows, checked whenever the part is
-//! read, so that a part edited or damaged since it was written is never merged.
+//! A part ends with a seal line: the size and modification time each row's file had when it
+//! was classified (so that a rerun knows which photos changed since), and a sha256 of the rows
+//! and of those, checked whenever the part is read, so that a part edited or damaged since it
+//! was written is never merged.
 //!
 //! Every byte of the three prediction files is a function of the records alone (no times, no
 //! rank numbers), so they are identical at any world size and worker count.
@@ -171,33 +173,69 @@ pub enum PartError {
     Json(#[from] serde_json::Error),
 }
 
+/// A file as it was when read: a rerun compares it with the file as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStamp {
+    pub size: u64,
+    /// Modification time: seconds since the epoch, and nanoseconds.
+    pub modified_s: i64,
+    pub modified_ns: i64,
+}
+
+impl FileStamp {
+    pub fn of(metadata: &std::fs::Metadata) -> FileStamp {
+        use std::os::unix::fs::MetadataExt;
+        FileStamp { size: metadata.size(), modified_s: metadata.mtime(), modified_ns: metadata.mtime_nsec() }
+    }
+}
+
+/// One part of a job: its records, and the stamp of each record's file (None for a shard
+/// sample, or a file that could not be read).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Part {
+    pub records: Vec<Record>,
+    pub files: Vec<Option<FileStamp>>,
+}
+
 /// A part's last line.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PartSeal {
-    /// sha256 of every byte of the part before this line.
-    rows_sha256: String,
+    files: Vec<Option<FileStamp>>,
+    /// sha256 of every byte of the part before this line, then of `files` as JSON.
+    sha256: String,
 }
 
-/// A part of a job: its records as JSON lines, then its seal.
-pub fn part_bytes(records: &[Record]) -> Result<Vec<u8>, serde_json::Error> {
-    let mut bytes = jsonl_bytes(records)?;
-    let seal = PartSeal { rows_sha256: hex::encode(Sha256::digest(&bytes)) };
+fn seal_digest(rows: &[u8], files: &[Option<FileStamp>]) -> Result<String, serde_json::Error> {
+    let mut hasher = Sha256::new();
+    hasher.update(rows);
+    hasher.update(serde_json::to_vec(files)?);
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// A part as its file holds it: its records as JSON lines, then its seal.
+pub fn part_bytes(part: &Part) -> Result<Vec<u8>, serde_json::Error> {
+    let mut bytes = jsonl_bytes(&part.records)?;
+    let seal = PartSeal { sha256: seal_digest(&bytes, &part.files)?, files: part.files.clone() };
     serde_json::to_writer(&mut bytes, &seal)?;
     bytes.push(b'\n');
     Ok(bytes)
 }
 
-/// The records of a part that [`part_bytes`] wrote, refused unless its seal matches them.
-pub fn parse_part(bytes: &[u8]) -> Result<Vec<Record>, PartError> {
+/// The part that [`part_bytes`] wrote, refused unless its seal matches it.
+pub fn parse_part(bytes: &[u8]) -> Result<Part, PartError> {
     let body = bytes.strip_suffix(b"\n").ok_or(PartError::Unsealed)?;
     let rows_end = body.iter().rposition(|&b| b == b'\n').map_or(0, |newline| newline + 1);
     let (rows, seal) = body.split_at(rows_end);
     let seal: PartSeal = serde_json::from_slice(seal).map_err(|_| PartError::Unsealed)?;
-    if hex::encode(Sha256::digest(rows)) != seal.rows_sha256 {
+    if seal_digest(rows, &seal.files)? != seal.sha256 {
         return Err(PartError::Mismatch);
     }
-    Ok(parse_jsonl(rows)?)
+    let records = parse_jsonl(rows)?;
+    if records.len() != seal.files.len() {
+        return Err(PartError::Mismatch);
+    }
+    Ok(Part { records, files: seal.files })
 }
 
 /// `predictions.geojson`: an RFC 7946 FeatureCollection with one Point (longitude, latitude[,
@@ -335,10 +373,15 @@ mod tests {
     fn a_part_is_read_only_as_it_was_sealed() {
         let mut record = Record::new("a.jpg".into(), Some("ab".into()), Some((4, 3)), None);
         record.predicted(&classes(), vec![0.25, 0.5, 0.25], 0);
+        let stamp = FileStamp { size: 10, modified_s: 1_700_000_000, modified_ns: 5 };
         let records = vec![record.clone(), record];
-        let bytes = part_bytes(&records).unwrap();
-        assert_eq!(parse_part(&bytes).unwrap(), records);
-        assert!(matches!(parse_part(&part_bytes(&[]).unwrap()), Ok(rows) if rows.is_empty()));
+        let part = Part { records: records.clone(), files: vec![Some(stamp), None] };
+        let bytes = part_bytes(&part).unwrap();
+        assert_eq!(parse_part(&bytes).unwrap(), part);
+        assert_eq!(parse_part(&part_bytes(&Part::default()).unwrap()).unwrap(), Part::default());
+        // A file's stamp changed (to hide that the photo changed): refused.
+        let restamped = String::from_utf8(bytes.clone()).unwrap().replacen("\"size\":10", "\"size\":11", 1);
+        assert!(matches!(parse_part(restamped.as_bytes()), Err(PartError::Mismatch)));
         // The class of the first row changed, its probabilities left: refused.
         let edited = String::from_utf8(bytes.clone()).unwrap().replacen("\"C2\"", "\"C4\"", 1);
         assert!(matches!(parse_part(edited.as_bytes()), Err(PartError::Mismatch)));
