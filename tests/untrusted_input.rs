@@ -978,3 +978,30 @@ fn a_photo_changed_since_its_part_was_done_is_classified_again() {
     let summary = json_of(&dir.path().join("out/summary.json"));
     assert_eq!(summary["parts_resumed"], 1, "{summary}");
 }
+
+/// Case 50 (a lock): two `predict --out` into one directory ran at once, each writing the
+/// other's parts and merged files. The job holds an exclusive lock on `DIR/.rtrain.lock`; a
+/// second one is refused at once, naming the directory and the holder.
+#[test]
+fn a_second_prediction_into_one_directory_is_refused_at_once() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    predict_photos(dir.path(), "photos", 2);
+    std::fs::create_dir_all(dir.path().join("out")).unwrap();
+    let mut holder = std::fs::File::create(dir.path().join("out/.rtrain.lock")).unwrap();
+    // SAFETY: flock on the descriptor of a file this test keeps open.
+    assert_eq!(unsafe { libc::flock(holder.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    holder.write_all(b"pid 4242 on elsewhere").unwrap();
+    let refused = predict_out(dir.path(), "out")
+        .arg("photos")
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let stderr = text(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("out is in use by another rtrain (pid 4242 on elsewhere)"), "{stderr}");
+    assert!(!dir.path().join("out/parts").exists());
+    drop(holder);
+    common::assert_success(predict_out(dir.path(), "out").arg("photos").output().unwrap(), "predict");
+}

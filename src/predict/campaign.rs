@@ -13,6 +13,10 @@
 //! batch, without writing the part in progress; the ranks learn of it at the end (one
 //! all-reduce), and all exit 75. When every part exists, rank 0 writes the merged files, each
 //! atomically.
+//!
+//! One job at a time writes DIR: rank 0 holds an exclusive lock (flock) on `DIR/.rtrain.lock`
+//! from start to end, and a second job is refused at once, naming the holder the lock file
+//! records.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -114,6 +118,8 @@ struct Summary<'a> {
 }
 
 const JOB_FILE: &str = "job.json";
+/// In the output directory: held (flock) by the job writing it.
+const LOCK_FILE: &str = ".rtrain.lock";
 
 fn part_path(parts_dir: &Path, part: usize) -> PathBuf {
     parts_dir.join(format!("part-{part:06}.jsonl"))
@@ -125,6 +131,11 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
     signals::install().context("installing the stop-signal handlers")?;
     let topology = comm.topology().clone();
     let plan = RunPlan::for_prediction(config, &topology)?;
+    let lock = if topology.is_root() { lock_out_dir(&request.out).map(Some) } else { Ok(None) };
+    cluster::agree(comm.as_ref(), lock.as_ref().map(|_| ()).map_err(|e| format!("{e:#}")))
+        .map_err(|failures| anyhow::anyhow!("{}", cluster::describe_failures(&failures)))?;
+    // Held until the merged files are written.
+    let _lock = lock?;
     let inputs = Arc::new(Inputs::gather(&request.inputs, &request.lists)?);
     if topology.is_root() {
         for ignored in &inputs.ignored {
@@ -226,6 +237,38 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
         summary.images_per_second
     );
     Ok(Some(out.clone()))
+}
+
+/// Takes the exclusive lock of the output directory `out` (creating both), or names the job
+/// that holds it, as that job wrote itself into the lock file.
+fn lock_out_dir(out: &Path) -> Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let path = out.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    if !crate::run_dir::try_flock(&file).with_context(|| format!("locking {}", path.display()))? {
+        let mut holder = String::new();
+        let _ = file.read_to_string(&mut holder);
+        let holder = match holder.trim() {
+            "" => "holder unknown".to_string(),
+            written => written.to_string(),
+        };
+        bail!(
+            "{} is in use by another rtrain ({holder}): wait for it to finish, or choose another --out",
+            out.display()
+        );
+    }
+    let holder = format!("pid {} on {}", std::process::id(), cluster::hostname());
+    let written =
+        file.set_len(0).and_then(|()| file.rewind()).and_then(|()| file.write_all(holder.as_bytes()));
+    written.with_context(|| format!("writing {}", path.display()))?;
+    Ok(file)
 }
 
 fn names_digest(inputs: &Inputs) -> String {
