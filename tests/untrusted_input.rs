@@ -1005,3 +1005,22 @@ fn a_second_prediction_into_one_directory_is_refused_at_once() {
     drop(holder);
     common::assert_success(predict_out(dir.path(), "out").arg("photos").output().unwrap(), "predict");
 }
+
+/// Case 50 (CSV injection): a cell starting with `=`, `@`, `+` or `-` was written as it was,
+/// and a spreadsheet opening predictions.csv ran it as a formula (a folder named
+/// `=HYPERLINK(...)`). Such text cells get a `'` in front (OWASP's rule); the JSON lines keep
+/// the name as it is, and numbers stay numbers.
+#[test]
+fn csv_cells_a_spreadsheet_would_run_are_neutralised() {
+    let dir = tempfile::tempdir().unwrap();
+    predict_photos(dir.path(), "=SUM(1)", 1);
+    predict_photos(dir.path(), "@x", 1);
+    let output = predict_out(dir.path(), "out").args(["=SUM(1)", "@x"]).output().unwrap();
+    common::assert_success(output, "predict --out");
+    let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
+    let paths: Vec<&str> = rows.iter().map(|row| row["path"].as_str()).collect();
+    assert_eq!(paths, ["'=SUM(1)/p0.jpg", "'@x/p0.jpg"]);
+    assert!(rows.iter().all(|row| row["probability"].parse::<f64>().is_ok()), "{rows:?}");
+    let jsonl = std::fs::read_to_string(dir.path().join("out/predictions.jsonl")).unwrap();
+    assert!(jsonl.starts_with("{\"path\":\"=SUM(1)/p0.jpg\""), "{jsonl}");
+}

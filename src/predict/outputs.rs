@@ -103,7 +103,8 @@ impl Record {
 /// `predictions.csv`: RFC 4180 (the `csv` crate quotes what needs quoting). Columns: path,
 /// sha256, class, probability, `probability_<class>` per class, `top<i>_class` and
 /// `top<i>_probability` for `--top K`, width, height, orientation, latitude, longitude,
-/// altitude, capture_time, error; empty where a value is absent.
+/// altitude, capture_time, error; empty where a value is absent. Text cells a spreadsheet would
+/// run as a formula are [`neutralised`]; numbers are written as they are.
 pub fn csv_bytes(records: &[Record], classes: &[String], top: usize) -> Result<Vec<u8>, csv::Error> {
     let mut writer = csv::Writer::from_writer(Vec::new());
     let mut header: Vec<String> = ["path", "sha256", "class", "probability"].map(String::from).to_vec();
@@ -117,18 +118,19 @@ pub fn csv_bytes(records: &[Record], classes: &[String], top: usize) -> Result<V
     );
     writer.write_record(&header)?;
     let text = |value: Option<String>| value.unwrap_or_default();
+    let cell = |value: Option<&str>| value.map(neutralised).unwrap_or_default();
     for record in records {
         let mut row = vec![
-            record.path.clone(),
+            neutralised(&record.path),
             text(record.sha256.clone()),
-            text(record.class.clone()),
+            cell(record.class.as_deref()),
             text(record.probability.map(|p| p.to_string())),
         ];
         row.extend((0..classes.len()).map(|i| text(record.probabilities.get(i).map(|p| p.to_string()))));
         for i in 0..top {
             let entry = record.top.get(i);
             row.extend([
-                text(entry.map(|t| t.class.clone())),
+                cell(entry.map(|t| t.class.as_str())),
                 text(entry.map(|t| t.probability.to_string())),
             ]);
         }
@@ -139,12 +141,24 @@ pub fn csv_bytes(records: &[Record], classes: &[String], top: usize) -> Result<V
             text(record.latitude.map(|v| v.to_string())),
             text(record.longitude.map(|v| v.to_string())),
             text(record.altitude.map(|v| v.to_string())),
-            text(record.capture_time.clone()),
-            text(record.error.clone()),
+            cell(record.capture_time.as_deref()),
+            cell(record.error.as_deref()),
         ]);
         writer.write_record(&row)?;
     }
     writer.into_inner().map_err(|e| csv::Error::from(e.into_error()))
+}
+
+/// A text cell as a spreadsheet shows it rather than runs it: OWASP's rule against CSV
+/// injection, a `'` before a cell that starts with `=`, `+`, `-`, `@`, a tab or a carriage
+/// return (a file named `=HYPERLINK(...).jpg`, a class named `-1`). Applied to text cells only,
+/// so a negative longitude stays a number.
+fn neutralised(text: &str) -> String {
+    if text.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        format!("'{text}")
+    } else {
+        text.to_string()
+    }
 }
 
 /// One JSON object per line, as the parts hold them.
@@ -367,6 +381,40 @@ mod tests {
         assert_eq!((counts.images, counts.classified, counts.without_gps), (2, 2, 1));
         assert_eq!(counts.per_class["C4"], 2);
         assert_eq!(parse_jsonl(&jsonl_bytes(&records).unwrap()).unwrap(), records);
+    }
+
+    /// Case 50: CSV cells starting with `=`, `@`, `+` or `-` were written as they were, and a
+    /// spreadsheet ran them as formulas. Text cells so starting get OWASP's `'` in front;
+    /// numbers (a negative longitude) stay numbers; the JSON files keep the text as it is.
+    #[test]
+    fn text_cells_a_spreadsheet_would_run_are_neutralised_and_numbers_are_not() {
+        let formulas = ["=1+1", "@SUM(A1)", "+1", "-1", "\t=1", "\r=1"];
+        let classes: Vec<String> = formulas.iter().map(|f| f.to_string()).collect();
+        let mut record = Record::new("=HYPERLINK(\"http://x\").jpg".into(), None, Some((4, 3)), None);
+        record.predicted(&classes, vec![0.5, 0.1, 0.1, 0.1, 0.1, 0.1], 2);
+        (record.latitude, record.longitude) = (Some(-33.5), Some(-151.25));
+        let mut bad = Record::new("-x.jpg".into(), None, None, None);
+        bad.error = Some("+cannot decode".into());
+        let tab = Record::new("\t=x.jpg".into(), None, None, None);
+        let plain = Record::new("a=1.jpg".into(), None, None, None);
+        let csv = csv_bytes(&[record.clone(), bad, tab, plain], &classes, 2).unwrap();
+        let mut reader = csv::Reader::from_reader(csv.as_slice());
+        let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
+        let rows: Vec<Vec<String>> =
+            reader.records().map(|r| r.unwrap().iter().map(String::from).collect()).collect();
+        let cell =
+            |row: usize, column: &str| rows[row][header.iter().position(|h| h == column).unwrap()].clone();
+        assert_eq!(cell(0, "path"), "'=HYPERLINK(\"http://x\").jpg");
+        assert_eq!(cell(0, "class"), "'=1+1");
+        assert_eq!(cell(0, "top1_class"), "'=1+1");
+        assert_eq!(cell(0, "top2_class"), "'@SUM(A1)");
+        assert_eq!((cell(0, "latitude"), cell(0, "longitude")), ("-33.5".into(), "-151.25".into()));
+        assert_eq!((cell(1, "path"), cell(1, "error")), ("'-x.jpg".into(), "'+cannot decode".into()));
+        assert_eq!((cell(2, "path"), cell(3, "path")), ("'\t=x.jpg".into(), "a=1.jpg".into()));
+        for (class, column) in classes.iter().zip(&header[4..10]) {
+            assert_eq!(*column, format!("probability_{class}"), "a header cell starts with a letter");
+        }
+        assert_eq!(parse_jsonl(&jsonl_bytes(&[record.clone()]).unwrap()).unwrap()[0].path, record.path);
     }
 
     #[test]
