@@ -1024,3 +1024,37 @@ fn csv_cells_a_spreadsheet_would_run_are_neutralised() {
     let jsonl = std::fs::read_to_string(dir.path().join("out/predictions.jsonl")).unwrap();
     assert!(jsonl.starts_with("{\"path\":\"=SUM(1)/p0.jpg\""), "{jsonl}");
 }
+
+/// Case 50 (formats): TIFF, WebP, BMP and GIF files in a campaign were counted as ignored,
+/// unnamed, although they are photos. rtrain reads JPEG and PNG; each other file is named in
+/// the log and in summary.json's `ignored`, with its format where its first bytes tell it.
+#[test]
+fn files_of_formats_rtrain_does_not_read_are_named_with_their_format() {
+    let dir = tempfile::tempdir().unwrap();
+    predict_photos(dir.path(), "photos", 2);
+    let files: [(&str, &[u8]); 4] = [
+        ("a.tif", b"II*\0\x08\0\0\0\0\0\0\0"),
+        ("b.webp", b"RIFF\x1a\0\0\0WEBPVP8 \0\0\0\0"),
+        ("c.bmp", b"BM\x1e\0\0\0\0\0\0\0\x1a\0\0\0"),
+        ("d.gif", b"GIF89a\x01\0\x01\0\0\0\0"),
+    ];
+    for (name, bytes) in files {
+        std::fs::write(dir.path().join("photos").join(name), bytes).unwrap();
+    }
+    let output = predict_out(dir.path(), "out").arg("photos").output().unwrap();
+    let output = common::assert_success(output, "predict --out");
+    let summary = json_of(&dir.path().join("out/summary.json"));
+    assert_eq!(summary["images"], 2, "{summary}");
+    let expected: Vec<(String, String)> =
+        [("a.tif", "TIFF"), ("b.webp", "WebP"), ("c.bmp", "BMP"), ("d.gif", "GIF")]
+            .iter()
+            .map(|(name, format)| {
+                (format!("photos/{name}"), format!("a {format} image: rtrain reads JPEG and PNG only"))
+            })
+            .collect();
+    assert_eq!(ignored_in(&summary), expected);
+    let stderr = text(&output.stderr);
+    for (path, reason) in &expected {
+        assert!(stderr.contains(&format!("{path}: left out: {reason}")), "{stderr}");
+    }
+}

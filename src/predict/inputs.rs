@@ -16,7 +16,8 @@
 //! reported as a bad image rather than silently left out. Symbolic links are followed, to
 //! files and to folders alike; each folder is searched once (known by its canonical path), so
 //! a link back up the tree is not a loop. Every file or folder met and left out is kept in
-//! [`Inputs::ignored`] with why, for the log and the summary to name.
+//! [`Inputs::ignored`] with why, for the log and the summary to name: a photo in a format
+//! rtrain does not read (TIFF, WebP, BMP, GIF, HEIC...) is named with its format.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -201,7 +202,13 @@ impl Inputs {
             match std::fs::metadata(&path) {
                 Ok(metadata) if metadata.is_dir() => self.add_directory(&path)?,
                 Ok(_) if is_image(&path) => self.push_file(path),
-                Ok(_) => self.ignore(&path, "not a JPEG or PNG image".into()),
+                Ok(_) => {
+                    let reason = match head(&path).as_deref().and_then(photo_format) {
+                        Some(format) => format!("a {format} image: rtrain reads JPEG and PNG only"),
+                        None => "not a JPEG or PNG image".to_string(),
+                    };
+                    self.ignore(&path, reason);
+                }
                 // A dangling link named as an image is a row with its error, as an unreadable
                 // image is.
                 Err(_) if has_image_extension(&path) => self.push_file(path),
@@ -260,10 +267,40 @@ fn is_image(path: &Path) -> bool {
     if has_image_extension(path) {
         return true;
     }
-    let Ok((mut file, _)) = open_regular(path) else { return false };
-    let mut head = [0u8; 8];
-    let Ok(read) = file.read(&mut head) else { return false };
-    matches!(image::guess_format(&head[..read]), Ok(image::ImageFormat::Jpeg | image::ImageFormat::Png))
+    let Some(head) = head(path) else { return false };
+    matches!(image::guess_format(&head), Ok(image::ImageFormat::Jpeg | image::ImageFormat::Png))
+}
+
+/// A regular file's first 16 bytes (fewer if it is shorter); None for anything else.
+fn head(path: &Path) -> Option<Vec<u8>> {
+    let (file, _) = open_regular(path).ok()?;
+    let mut head = Vec::with_capacity(16);
+    file.take(16).read_to_end(&mut head).ok()?;
+    Some(head)
+}
+
+/// The name of the image format of a file that starts with `head`, for the formats a camera,
+/// a phone or an image editor writes that rtrain does not read. (Formats whose signature is
+/// two printable letters, such as PNM's `P1`, are left out: a text file could start so.)
+fn photo_format(head: &[u8]) -> Option<&'static str> {
+    use image::ImageFormat;
+    // ISO base media files: `ftyp` at byte 4, then the brand.
+    if head.get(4..8) == Some(b"ftyp") {
+        if let Some(b"heic" | b"heix" | b"hevc" | b"mif1" | b"msf1") = head.get(8..12) {
+            return Some("HEIC");
+        }
+    }
+    Some(match image::guess_format(head).ok()? {
+        ImageFormat::Tiff => "TIFF",
+        ImageFormat::WebP => "WebP",
+        ImageFormat::Bmp => "BMP",
+        ImageFormat::Gif => "GIF",
+        ImageFormat::Avif => "AVIF",
+        ImageFormat::OpenExr => "OpenEXR",
+        ImageFormat::Hdr => "Radiance HDR",
+        ImageFormat::Qoi => "QOI",
+        _ => return None,
+    })
 }
 
 impl Dataset for Inputs {
