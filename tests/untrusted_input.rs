@@ -1058,3 +1058,27 @@ fn files_of_formats_rtrain_does_not_read_are_named_with_their_format() {
         assert!(stderr.contains(&format!("{path}: left out: {reason}")), "{stderr}");
     }
 }
+
+/// Case 50 (a list): one photo named three ways in `--from-list` (`photos/p0.jpg`,
+/// `./photos/p0.jpg`, its absolute path) was three rows. Inputs are told apart by their
+/// canonical path: the first spelling is kept, the others are named in the log and in
+/// summary.json's `ignored`.
+#[test]
+fn one_photo_named_three_ways_in_a_list_is_one_row() {
+    let dir = tempfile::tempdir().unwrap();
+    predict_photos(dir.path(), "photos", 2);
+    let absolute = dir.path().join("photos/p0.jpg");
+    let list = format!("photos/p0.jpg\n./photos/p0.jpg\n{}\nphotos/p1.jpg\n", absolute.display());
+    std::fs::write(dir.path().join("list.txt"), list).unwrap();
+    let output = predict_out(dir.path(), "out").args(["--from-list", "list.txt"]).output().unwrap();
+    let output = common::assert_success(output, "predict --out --from-list");
+    let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
+    let paths: Vec<&str> = rows.iter().map(|row| row["path"].as_str()).collect();
+    assert_eq!(paths, ["photos/p0.jpg", "photos/p1.jpg"]);
+    let summary = json_of(&dir.path().join("out/summary.json"));
+    assert_eq!((summary["images"].as_u64(), summary["ignored_files"].as_u64()), (Some(2), Some(2)));
+    let stderr = text(&output.stderr);
+    for again in ["./photos/p0.jpg".to_string(), absolute.display().to_string()] {
+        assert!(stderr.contains(&format!("{again}: left out: the same file as photos/p0.jpg")), "{stderr}");
+    }
+}

@@ -104,7 +104,7 @@ struct Summary<'a> {
     inputs: Vec<PathBuf>,
     #[serde(flatten)]
     counts: outputs::Counts,
-    /// Files and folders met in directories and left out: how many, and each with why.
+    /// Files and folders met and left out: how many, and each with why.
     ignored_files: usize,
     ignored: &'a [Ignored],
     parts: usize,

@@ -5,7 +5,10 @@
 //!
 //! Inputs are told apart and sorted by their paths as the file system spells them; only their
 //! names in the outputs are text, with each byte of a path that is not UTF-8 written as `\xHH`
-//! ([`path_text`]), so two photos whose names differ only in such bytes stay two rows.
+//! ([`path_text`]), so two photos whose names differ only in such bytes stay two rows. A file
+//! named again by another spelling (`./a.jpg`, its absolute path, a link to it; in a list or
+//! on the command line) is one row, under the first spelling met; the others are named as left
+//! out.
 //!
 //! A shard set's samples are named by the source photo's path that `data prepare` recorded
 //! (`<key>.json`), so they are named, hashed and mapped as the photos they were made from.
@@ -73,13 +76,15 @@ impl Input {
 pub struct Inputs {
     items: Vec<Input>,
     shard_sets: Vec<ShardSet>,
-    /// What was met in directories and left out, in the order met.
+    /// What was met and left out, in the order met.
     pub ignored: Vec<Ignored>,
     /// Each folder searched, by its canonical path, with the path it was first reached by.
     searched: HashMap<PathBuf, PathBuf>,
+    /// Each file taken, by its canonical path, with the path it was first reached by.
+    taken: HashMap<PathBuf, PathBuf>,
 }
 
-/// A file or folder met in a directory and left out, with why.
+/// A file or folder met and left out, with why.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Ignored {
     pub path: String,
@@ -110,6 +115,7 @@ impl Inputs {
             shard_sets: Vec::new(),
             ignored: Vec::new(),
             searched: HashMap::new(),
+            taken: HashMap::new(),
         };
         for path in &all {
             inputs.add(path)?;
@@ -142,7 +148,16 @@ impl Inputs {
         Ok(())
     }
 
+    /// Takes the file at `path`, unless it was taken already by another spelling (`./a.jpg`,
+    /// its absolute path, a link to it): one photo is one row, under the first spelling met.
     fn push_file(&mut self, path: PathBuf) {
+        let canonical = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+        if let Some(first) = self.taken.get(&canonical) {
+            let reason = format!("the same file as {}", path_text(first));
+            self.ignore(&path, reason);
+            return;
+        }
+        self.taken.insert(canonical, path.clone());
         self.items.push(Input::new(path.clone().into_os_string(), Source::File(path)));
     }
 
