@@ -167,7 +167,8 @@ impl Inputs {
             let set = ShardSet::open(root, split)?;
             let index_of_set = self.shard_sets.len();
             let root_bytes = root.as_os_str().as_bytes();
-            let root_name = OsStr::from_bytes(root_bytes.strip_suffix(b"/").unwrap_or(root_bytes));
+            let kept = root_bytes.iter().rposition(|&b| b != b'/').map_or(0, |last| last + 1);
+            let root_name = OsStr::from_bytes(&root_bytes[..kept]);
             for index in 0..set.len() {
                 // The source photo's path under the shard set when the shard records it (so
                 // the rows of a tree and of its shards have the same names below their roots).
