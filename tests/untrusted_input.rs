@@ -959,3 +959,346 @@ fn a_misspelt_class_weight_rule_lists_the_valid_values() {
         assert!(output.status.success(), "{value}: {}", text(&output.stderr));
     }
 }
+
+// --- Issue 50, predict --out ---
+
+/// The tiny model the `predict --out` cases classify with (one epoch, 32 px, 4 classes) and the
+/// synthetic data it was trained on: trained once per test process, under Cargo's scratch
+/// directory for integration tests.
+fn predict_model() -> &'static (std::path::PathBuf, std::path::PathBuf) {
+    static MODEL: std::sync::OnceLock<(std::path::PathBuf, std::path::PathBuf)> = std::sync::OnceLock::new();
+    MODEL.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("issue50-predict-model");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let data = common::synth(&dir, 2, 2, 32);
+        common::assert_success(train_tiny(&dir, &data, "run", &[]), "rtrain train");
+        (dir.join("run/model.safetensors"), data)
+    })
+}
+
+/// `n` of the synthetic validation photos copied into `dir/<to>` as `p0.jpg`, `p1.jpg`...
+fn predict_photos(dir: &Path, to: &str, n: usize) -> Vec<std::path::PathBuf> {
+    let (_, data) = predict_model();
+    let mut sources: Vec<_> = walk_files(&data.join("val"));
+    sources.sort();
+    let target = dir.join(to);
+    std::fs::create_dir_all(&target).unwrap();
+    (0..n)
+        .map(|i| {
+            let path = target.join(format!("p{i}.jpg"));
+            std::fs::copy(&sources[i % sources.len()], &path).unwrap();
+            path
+        })
+        .collect()
+}
+
+fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk_files(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// `rtrain predict --out OUT` with the tiny model: 32 px, batches of 4, one thread, no workers.
+fn predict_out(dir: &Path, out: &str) -> assert_cmd::Command {
+    let (model, _) = predict_model();
+    let mut command = common::rtrain(dir);
+    command.args(["predict", "--checkpoint"]).arg(model);
+    command.args(["--set", "data.image_size=32", "--set", "data.eval_batch_size=4"]);
+    command.args(["--set", "train.threads=1", "--set", "data.workers=0", "--out", out]);
+    command
+}
+
+fn prediction_rows(path: &Path) -> Vec<std::collections::BTreeMap<String, String>> {
+    let mut reader = csv::Reader::from_path(path).unwrap();
+    let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
+    reader
+        .records()
+        .map(|row| header.iter().cloned().zip(row.unwrap().iter().map(String::from)).collect())
+        .collect()
+}
+
+fn json_of(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// Case 50.3: a part whose rows were edited (a class and its probability changed) was merged
+/// as it was, into rows that contradict their own probability columns. Each part now carries a
+/// digest of its rows: a part that does not match it is set aside (`*.invalid`, named in the
+/// log) and classified again, so the rerun writes what the first run wrote.
+#[test]
+fn an_edited_prediction_part_is_set_aside_and_classified_again() {
+    let dir = tempfile::tempdir().unwrap();
+    predict_photos(dir.path(), "photos", 8);
+    let run = || predict_out(dir.path(), "out").args(["--part-size", "4", "photos"]).output().unwrap();
+    common::assert_success(run(), "predict --out");
+    let out = dir.path().join("out");
+    let first = std::fs::read(out.join("predictions.csv")).unwrap();
+
+    let part = out.join("parts/part-000000.jsonl");
+    let text_of_part = std::fs::read_to_string(&part).unwrap();
+    let mut lines: Vec<String> = text_of_part.lines().map(String::from).collect();
+    let mut row: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    let other = if row["class"] == "0-none" { "3-severe" } else { "0-none" };
+    row["class"] = other.into();
+    row["probability"] = 0.99.into();
+    lines[0] = serde_json::to_string(&row).unwrap();
+    std::fs::write(&part, lines.join("\n") + "\n").unwrap();
+
+    let again = common::assert_success(run(), "predict --out again");
+    let stderr = text(&again.stderr);
+    assert!(stderr.contains(&format!("{}", Path::new("out/parts/part-000000.jsonl").display())), "{stderr}");
+    assert!(stderr.contains("set aside"), "{stderr}");
+    assert!(out.join("parts/part-000000.jsonl.invalid").exists());
+    assert_eq!(text(&std::fs::read(out.join("predictions.csv")).unwrap()), text(&first));
+    let summary = json_of(&out.join("summary.json"));
+    assert_eq!(summary["parts_resumed"], 1, "{summary}");
+}
+
+/// Case 50.2: file names that are not UTF-8 were made text (lossily) before they were told
+/// apart: `x\xff.jpg` and `x\xfe.jpg` became one row (4 files in, `"images": 3` out, nothing
+/// said), and two class folders named so became two classes of the same name. Paths stay paths
+/// until written (each byte that is not UTF-8 written as `\xHH`); a class folder whose name is
+/// not UTF-8 is refused, naming it.
+#[test]
+fn names_that_are_not_utf8_stay_apart_and_such_a_class_folder_is_refused() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let photos = predict_photos(dir.path(), "photos", 4);
+    let named = |bytes: &[u8]| dir.path().join("photos").join(std::ffi::OsStr::from_bytes(bytes));
+    std::fs::rename(&photos[2], named(b"x\xff.jpg")).unwrap();
+    std::fs::rename(&photos[3], named(b"x\xfe.jpg")).unwrap();
+    let output = predict_out(dir.path(), "out").arg("photos").output().unwrap();
+    common::assert_success(output, "predict --out");
+    let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
+    let paths: Vec<&str> = rows.iter().map(|row| row["path"].as_str()).collect();
+    assert_eq!(paths, ["photos/p0.jpg", "photos/p1.jpg", "photos/x\\xfe.jpg", "photos/x\\xff.jpg"]);
+    assert!(rows.iter().all(|row| !row["class"].is_empty()), "{rows:?}");
+    assert_eq!(json_of(&dir.path().join("out/summary.json"))["images"], 4);
+
+    let data = dir.path().join("classes");
+    for split in ["train", "val"] {
+        for (class, photo) in [(&b"c\xff"[..], &photos[0]), (&b"c\xfe"[..], &photos[1])] {
+            let class_dir = data.join(split).join(std::ffi::OsStr::from_bytes(class));
+            std::fs::create_dir_all(&class_dir).unwrap();
+            for name in ["a.jpg", "b.jpg"] {
+                std::fs::copy(photo, class_dir.join(name)).unwrap();
+            }
+        }
+    }
+    let train = train_tiny(dir.path(), &data, "run", &[]);
+    let stderr = text(&train.stderr);
+    assert_eq!(train.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("classes/train/c\\xfe: a class folder whose name is not UTF-8"), "{stderr}");
+    assert!(!dir.path().join("run/model.safetensors").exists());
+}
+
+/// What `summary.json` lists as left out: (path, reason) pairs.
+fn ignored_in(summary: &serde_json::Value) -> Vec<(String, String)> {
+    summary["ignored"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no list of ignored files: {summary}"))
+        .iter()
+        .map(|entry| (entry["path"].as_str().unwrap().into(), entry["reason"].as_str().unwrap().into()))
+        .collect()
+}
+
+/// Case 50.14: the photos under a symbolic link to a folder were left out in silence
+/// ("classified 2 of 2 images", the link only counted in `ignored_files: 1`). Links to folders
+/// are followed, each folder searched once (a link back up the tree is not a loop), and every
+/// path left out is named, with why, in the log and in summary.json's `ignored`.
+#[test]
+fn a_symlinked_folder_is_searched_once_and_what_is_left_out_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    predict_photos(dir.path(), "campaign/day1", 2);
+    predict_photos(dir.path(), "elsewhere/day2", 2);
+    std::os::unix::fs::symlink("../elsewhere/day2", dir.path().join("campaign/day2")).unwrap();
+    std::os::unix::fs::symlink("..", dir.path().join("campaign/day1/up")).unwrap();
+    std::fs::write(dir.path().join("campaign/day1/notes.txt"), "field notes\n").unwrap();
+    let output = predict_out(dir.path(), "out").arg("campaign").output().unwrap();
+    let output = common::assert_success(output, "predict --out");
+    let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
+    let paths: Vec<&str> = rows.iter().map(|row| row["path"].as_str()).collect();
+    assert_eq!(
+        paths,
+        ["campaign/day1/p0.jpg", "campaign/day1/p1.jpg", "campaign/day2/p0.jpg", "campaign/day2/p1.jpg"]
+    );
+    let summary = json_of(&dir.path().join("out/summary.json"));
+    assert_eq!(summary["images"], 4, "{summary}");
+    let ignored = ignored_in(&summary);
+    assert_eq!(
+        ignored,
+        [
+            ("campaign/day1/notes.txt".to_string(), "not a JPEG or PNG image".to_string()),
+            ("campaign/day1/up".to_string(), "a link to campaign, a folder already searched".to_string()),
+        ]
+    );
+    assert_eq!(summary["ignored_files"], 2, "{summary}");
+    let stderr = text(&output.stderr);
+    for (path, reason) in &ignored {
+        assert!(stderr.contains(&format!("{path}: left out: {reason}")), "{stderr}");
+    }
+}
+
+/// Case 50.5: `predict --out --top 4294967296` made a header of 2^33 columns until the
+/// machine's OOM killer ended it (23 GB). `--top` is clamped to the model's class count, as
+/// `predict` without `--out` does. (Run under a 6 GB address-space limit, so that a regression
+/// fails here rather than taking the machine.)
+#[test]
+fn a_top_beyond_the_class_count_is_the_class_count() {
+    let dir = tempfile::tempdir().unwrap();
+    predict_photos(dir.path(), "photos", 2);
+    let (model, _) = predict_model();
+    let output = std::process::Command::new("sh")
+        .current_dir(dir.path())
+        .args(["-c", "ulimit -v 6000000 && exec \"$@\"", "sh"])
+        .arg(assert_cmd::cargo::cargo_bin("rtrain"))
+        .args(["predict", "--checkpoint"])
+        .arg(model)
+        .args(["--set", "data.image_size=32", "--set", "train.threads=1", "--set", "data.workers=0"])
+        .args(["--out", "out", "--top", "4294967296", "photos"])
+        .output()
+        .unwrap();
+    common::assert_success(output, "predict --out --top 4294967296");
+    let csv = std::fs::read_to_string(dir.path().join("out/predictions.csv")).unwrap();
+    let header = csv.lines().next().unwrap();
+    assert!(header.contains(",top4_class,top4_probability,") && !header.contains("top5"), "{header}");
+    let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
+    assert!(rows.iter().all(|row| !row["top4_class"].is_empty()), "{rows:?}");
+}
+
+/// Case 50 (a resumed job): a photo replaced after its part was finished kept its old row
+/// (the old sha256 and class) when the job was run again. Each part records the size and
+/// modification time of its files; a part with a photo changed since is classified again,
+/// naming the photo.
+#[test]
+fn a_photo_changed_since_its_part_was_done_is_classified_again() {
+    use sha2::Digest;
+    let dir = tempfile::tempdir().unwrap();
+    let photos = predict_photos(dir.path(), "photos", 8);
+    let run = || predict_out(dir.path(), "out").args(["--part-size", "4", "photos"]).output().unwrap();
+    common::assert_success(run(), "predict --out");
+    let replacement = std::fs::read(&photos[6]).unwrap();
+    std::fs::write(&photos[1], &replacement).unwrap();
+    let again = common::assert_success(run(), "predict --out again");
+    let stderr = text(&again.stderr);
+    assert!(stderr.contains("photos/p1.jpg") && stderr.contains("changed"), "{stderr}");
+    let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
+    let sha256 = hex::encode(sha2::Sha256::digest(&replacement));
+    assert_eq!(rows[1]["path"], "photos/p1.jpg");
+    assert_eq!(rows[1]["sha256"], sha256, "{:?}", rows[1]);
+    assert_eq!(rows[1]["class"], rows[6]["class"]);
+    let summary = json_of(&dir.path().join("out/summary.json"));
+    assert_eq!(summary["parts_resumed"], 1, "{summary}");
+}
+
+/// Case 50 (a lock): two `predict --out` into one directory ran at once, each writing the
+/// other's parts and merged files. The job holds an exclusive lock on `DIR/.rtrain.lock`; a
+/// second one is refused at once, naming the directory and the holder.
+#[test]
+fn a_second_prediction_into_one_directory_is_refused_at_once() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    predict_photos(dir.path(), "photos", 2);
+    std::fs::create_dir_all(dir.path().join("out")).unwrap();
+    let mut holder = std::fs::File::create(dir.path().join("out/.rtrain.lock")).unwrap();
+    // SAFETY: flock on the descriptor of a file this test keeps open.
+    assert_eq!(unsafe { libc::flock(holder.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    holder.write_all(b"pid 4242 on elsewhere").unwrap();
+    let refused = predict_out(dir.path(), "out")
+        .arg("photos")
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let stderr = text(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("out is in use by another rtrain (pid 4242 on elsewhere)"), "{stderr}");
+    assert!(!dir.path().join("out/parts").exists());
+    drop(holder);
+    common::assert_success(predict_out(dir.path(), "out").arg("photos").output().unwrap(), "predict");
+}
+
+/// Case 50 (CSV injection): a cell starting with `=`, `@`, `+` or `-` was written as it was,
+/// and a spreadsheet opening predictions.csv ran it as a formula (a folder named
+/// `=HYPERLINK(...)`). Such text cells get a `'` in front (OWASP's rule); the JSON lines keep
+/// the name as it is, and numbers stay numbers.
+#[test]
+fn csv_cells_a_spreadsheet_would_run_are_neutralised() {
+    let dir = tempfile::tempdir().unwrap();
+    predict_photos(dir.path(), "=SUM(1)", 1);
+    predict_photos(dir.path(), "@x", 1);
+    let output = predict_out(dir.path(), "out").args(["=SUM(1)", "@x"]).output().unwrap();
+    common::assert_success(output, "predict --out");
+    let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
+    let paths: Vec<&str> = rows.iter().map(|row| row["path"].as_str()).collect();
+    assert_eq!(paths, ["'=SUM(1)/p0.jpg", "'@x/p0.jpg"]);
+    assert!(rows.iter().all(|row| row["probability"].parse::<f64>().is_ok()), "{rows:?}");
+    let jsonl = std::fs::read_to_string(dir.path().join("out/predictions.jsonl")).unwrap();
+    assert!(jsonl.starts_with("{\"path\":\"=SUM(1)/p0.jpg\""), "{jsonl}");
+}
+
+/// Case 50 (formats): TIFF, WebP, BMP and GIF files in a campaign were counted as ignored,
+/// unnamed, although they are photos. rtrain reads JPEG and PNG; each other file is named in
+/// the log and in summary.json's `ignored`, with its format where its first bytes tell it.
+#[test]
+fn files_of_formats_rtrain_does_not_read_are_named_with_their_format() {
+    let dir = tempfile::tempdir().unwrap();
+    predict_photos(dir.path(), "photos", 2);
+    let files: [(&str, &[u8]); 4] = [
+        ("a.tif", b"II*\0\x08\0\0\0\0\0\0\0"),
+        ("b.webp", b"RIFF\x1a\0\0\0WEBPVP8 \0\0\0\0"),
+        ("c.bmp", b"BM\x1e\0\0\0\0\0\0\0\x1a\0\0\0"),
+        ("d.gif", b"GIF89a\x01\0\x01\0\0\0\0"),
+    ];
+    for (name, bytes) in files {
+        std::fs::write(dir.path().join("photos").join(name), bytes).unwrap();
+    }
+    let output = predict_out(dir.path(), "out").arg("photos").output().unwrap();
+    let output = common::assert_success(output, "predict --out");
+    let summary = json_of(&dir.path().join("out/summary.json"));
+    assert_eq!(summary["images"], 2, "{summary}");
+    let expected: Vec<(String, String)> =
+        [("a.tif", "TIFF"), ("b.webp", "WebP"), ("c.bmp", "BMP"), ("d.gif", "GIF")]
+            .iter()
+            .map(|(name, format)| {
+                (format!("photos/{name}"), format!("a {format} image: rtrain reads JPEG and PNG only"))
+            })
+            .collect();
+    assert_eq!(ignored_in(&summary), expected);
+    let stderr = text(&output.stderr);
+    for (path, reason) in &expected {
+        assert!(stderr.contains(&format!("{path}: left out: {reason}")), "{stderr}");
+    }
+}
+
+/// Case 50 (a list): one photo named three ways in `--from-list` (`photos/p0.jpg`,
+/// `./photos/p0.jpg`, its absolute path) was three rows. Inputs are told apart by their
+/// canonical path: the first spelling is kept, the others are named in the log and in
+/// summary.json's `ignored`.
+#[test]
+fn one_photo_named_three_ways_in_a_list_is_one_row() {
+    let dir = tempfile::tempdir().unwrap();
+    predict_photos(dir.path(), "photos", 2);
+    let absolute = dir.path().join("photos/p0.jpg");
+    let list = format!("photos/p0.jpg\n./photos/p0.jpg\n{}\nphotos/p1.jpg\n", absolute.display());
+    std::fs::write(dir.path().join("list.txt"), list).unwrap();
+    let output = predict_out(dir.path(), "out").args(["--from-list", "list.txt"]).output().unwrap();
+    let output = common::assert_success(output, "predict --out --from-list");
+    let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
+    let paths: Vec<&str> = rows.iter().map(|row| row["path"].as_str()).collect();
+    assert_eq!(paths, ["photos/p0.jpg", "photos/p1.jpg"]);
+    let summary = json_of(&dir.path().join("out/summary.json"));
+    assert_eq!((summary["images"].as_u64(), summary["ignored_files"].as_u64()), (Some(2), Some(2)));
+    let stderr = text(&output.stderr);
+    for again in ["./photos/p0.jpg".to_string(), absolute.display().to_string()] {
+        assert!(stderr.contains(&format!("{again}: left out: the same file as photos/p0.jpg")), "{stderr}");
+    }
+}

@@ -35,6 +35,16 @@ pub enum DataError {
         /// The underlying failure.
         source: io::Error,
     },
+    /// A class folder whose name is not UTF-8: class names are text in checkpoints, reports and
+    /// predictions, where two such names would be one.
+    #[error(
+        "{}: a class folder whose name is not UTF-8: rename it (class names are stored as text)",
+        crate::util::files::path_text(path)
+    )]
+    ClassNameNotUtf8 {
+        /// The class folder.
+        path: PathBuf,
+    },
     /// The root has no subdirectories, so there are no classes.
     #[error("image folder {} has no class subdirectories", path.display())]
     NoClasses {

@@ -44,8 +44,8 @@ impl ImageFolder {
     ///
     /// # Errors
     /// `dir` missing or not a directory, a directory that cannot be listed, no class
-    /// subdirectories, a class without any image, or an image name that is not a regular file
-    /// (a FIFO, a device) — each naming the path.
+    /// subdirectories, a class folder whose name is not UTF-8, a class without any image, or an
+    /// image name that is not a regular file (a FIFO, a device) — each naming the path.
     pub fn open(dir: &Path) -> Result<Self, DataError> {
         let meta = fs::metadata(dir).map_err(|source| {
             if source.kind() == io::ErrorKind::NotFound {
@@ -63,8 +63,11 @@ impl ImageFolder {
             // `fs::metadata` follows symlinks, as torchvision's `entry.is_dir()` does.
             if entry.path.is_dir() {
                 // A class name must be text because it is reported and stored in
-                // checkpoints; a non-UTF-8 name is kept lossily rather than rejected.
-                class_names.push((entry.name.to_string_lossy().into_owned(), entry.path));
+                // checkpoints; made text lossily, two names could become one class name.
+                let Some(name) = entry.name.to_str() else {
+                    return Err(DataError::ClassNameNotUtf8 { path: entry.path });
+                };
+                class_names.push((name.to_string(), entry.path));
             }
         }
         if class_names.is_empty() {

@@ -6,11 +6,17 @@
 //! holds the same images whatever the part size or world size: the numbers are the same
 //! bytes); part `p` belongs to rank `p % world_size`. Each rank runs one loader over all of its
 //! parts (decoding runs ahead across part boundaries) and writes each finished part atomically
-//! to `DIR/parts/part-NNNNNN.jsonl`; a rerun of the same command (same model, inputs and
-//! settings, checked against `DIR/parts/job.json`, whose part size it reuses) skips the parts
-//! that exist. A stop signal ends a rank's work after its current batch, without writing the
-//! part in progress; the ranks learn of it at the end (one all-reduce), and all exit 75. When
-//! every part exists, rank 0 writes the merged files, each atomically.
+//! to `DIR/parts/part-NNNNNN.jsonl`, sealed with its rows' sha256; a rerun of the same
+//! command (same model, inputs and settings, checked against `DIR/parts/job.json`, whose part
+//! size it reuses) skips the parts that exist and are whole, and sets aside (`*.invalid`) and
+//! classifies again those that are not. A stop signal ends a rank's work after its current
+//! batch, without writing the part in progress; the ranks learn of it at the end (one
+//! all-reduce), and all exit 75. When every part exists, rank 0 writes the merged files, each
+//! atomically.
+//!
+//! One job at a time writes DIR: rank 0 holds an exclusive lock (flock) on `DIR/.rtrain.lock`
+//! from start to end, and a second job is refused at once, naming the holder the lock file
+//! records.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,8 +27,8 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tch::{Kind, Tensor};
 
-use super::inputs::Inputs;
-use super::outputs::{self, Record};
+use super::inputs::{Ignored, Inputs};
+use super::outputs::{self, FileStamp, Part, Record};
 use crate::cluster::signals::{self, StoppedBySignal};
 use crate::cluster::{self, Communicator};
 use crate::config::Config;
@@ -51,7 +57,7 @@ pub struct Request {
     pub inputs: Vec<PathBuf>,
     pub lists: Vec<PathBuf>,
     pub out: PathBuf,
-    /// Columns for the `top` most likely classes (0: none).
+    /// Columns for the `top` most likely classes (0: none; at most the model's classes).
     pub top: usize,
     /// Images per part; None: the part size of the job being continued, or for a new job
     /// [`auto_part_size`].
@@ -66,7 +72,7 @@ struct JobKey {
     part_size: usize,
     rtrain_version: String,
     model_sha256: String,
-    /// sha256 over the inputs' names, in order.
+    /// sha256 over the inputs' paths, in order.
     inputs_sha256: String,
     images: usize,
     /// The configuration's hash (image size, transform, batch size, precision...).
@@ -91,15 +97,16 @@ fn part_range(part: usize, part_size: usize, images: usize) -> std::ops::Range<u
 
 /// `summary.json`.
 #[derive(Debug, Serialize)]
-struct Summary {
+struct Summary<'a> {
     model: PathBuf,
     model_sha256: String,
     rtrain_version: String,
     inputs: Vec<PathBuf>,
     #[serde(flatten)]
     counts: outputs::Counts,
-    /// Files met in directories that are not images, left out.
+    /// Files and folders met and left out: how many, and each with why.
     ignored_files: usize,
+    ignored: &'a [Ignored],
     parts: usize,
     /// Parts found finished by an earlier run of the same command.
     parts_resumed: usize,
@@ -111,6 +118,8 @@ struct Summary {
 }
 
 const JOB_FILE: &str = "job.json";
+/// In the output directory: held (flock) by the job writing it.
+const LOCK_FILE: &str = ".rtrain.lock";
 
 fn part_path(parts_dir: &Path, part: usize) -> PathBuf {
     parts_dir.join(format!("part-{part:06}.jsonl"))
@@ -122,7 +131,17 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
     signals::install().context("installing the stop-signal handlers")?;
     let topology = comm.topology().clone();
     let plan = RunPlan::for_prediction(config, &topology)?;
+    let lock = if topology.is_root() { lock_out_dir(&request.out).map(Some) } else { Ok(None) };
+    cluster::agree(comm.as_ref(), lock.as_ref().map(|_| ()).map_err(|e| format!("{e:#}")))
+        .map_err(|failures| anyhow::anyhow!("{}", cluster::describe_failures(&failures)))?;
+    // Held until the merged files are written.
+    let _lock = lock?;
     let inputs = Arc::new(Inputs::gather(&request.inputs, &request.lists)?);
+    if topology.is_root() {
+        for ignored in &inputs.ignored {
+            tracing::warn!("{}: left out: {}", ignored.path, ignored.reason);
+        }
+    }
     let inputs_sha256 = names_digest(&inputs);
     let seen = cluster::gather_strings(comm.as_ref(), &inputs_sha256);
     if let Some(rank) = seen.iter().position(|digest| *digest != seen[0]) {
@@ -134,6 +153,9 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
     let (model, meta) = checkpoint::load_model_on(&request.checkpoint, plan.compute.device)?;
     meta.warn_if_size_differs(&request.checkpoint, config.data.image_size);
     plan.compute.prepare_model(&model)?;
+    // As `predict` without --out: no more columns than classes (4294967296 of them filled the
+    // memory before a photo was read).
+    let top = request.top.min(meta.classes.len());
     let batch = plan.eval_loader().batch_size;
     let mut key = JobKey {
         part_size: 0,
@@ -142,7 +164,7 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
         inputs_sha256,
         images: inputs.len(),
         config_hash: config.hash()?,
-        top: request.top,
+        top,
     };
     let parts_dir = request.out.join("parts");
     let prepared = if topology.is_root() {
@@ -160,8 +182,8 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
     let parts = inputs.len().div_ceil(key.part_size);
     let mine: Vec<usize> = (topology.rank..parts).step_by(topology.world_size).collect();
     let (done, todo): (Vec<usize>, Vec<usize>) =
-        mine.into_iter().partition(|&p| part_path(&parts_dir, p).exists());
-    let classifier = Classifier { model: &model, classes: &meta.classes, plan: &plan, top: request.top };
+        mine.into_iter().partition(|&p| is_done(&parts_dir, p, &inputs, key.part_size));
+    let classifier = Classifier { model: &model, classes: &meta.classes, plan: &plan, top };
     signals::arm();
     let classified = classifier.parts(&inputs, &todo, key.part_size, &parts_dir, request.on_bad_image)?;
     let stopped = classified.is_none() || signals::requested().is_some();
@@ -182,7 +204,7 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
     let records = read_parts(&parts_dir, parts, &inputs, key.part_size)?;
     let classes = &meta.classes;
     let out = &request.out;
-    write_atomic(&out.join("predictions.csv"), &outputs::csv_bytes(&records, classes, request.top)?)?;
+    write_atomic(&out.join("predictions.csv"), &outputs::csv_bytes(&records, classes, top)?)?;
     write_atomic(&out.join("predictions.jsonl"), &outputs::jsonl_bytes(&records)?)?;
     write_atomic(&out.join("predictions.geojson"), &outputs::geojson_bytes(&records, classes)?)?;
     let wall_seconds = started.elapsed().as_secs_f64();
@@ -192,7 +214,8 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
         rtrain_version: key.rtrain_version.clone(),
         inputs: request.inputs.iter().chain(&request.lists).cloned().collect(),
         counts: outputs::counts(&records, classes),
-        ignored_files: inputs.ignored,
+        ignored_files: inputs.ignored.len(),
+        ignored: &inputs.ignored,
         parts,
         parts_resumed: totals[1] as usize,
         ranks: world,
@@ -216,11 +239,44 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
     Ok(Some(out.clone()))
 }
 
+/// Takes the exclusive lock of the output directory `out` (creating both), or names the job
+/// that holds it, as that job wrote itself into the lock file.
+fn lock_out_dir(out: &Path) -> Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let path = out.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    if !crate::run_dir::try_flock(&file).with_context(|| format!("locking {}", path.display()))? {
+        let mut holder = String::new();
+        let _ = file.read_to_string(&mut holder);
+        let holder = match holder.trim() {
+            "" => "holder unknown".to_string(),
+            written => written.to_string(),
+        };
+        bail!(
+            "{} is in use by another rtrain ({holder}): wait for it to finish, or choose another --out",
+            out.display()
+        );
+    }
+    let holder = format!("pid {} on {}", std::process::id(), cluster::hostname());
+    let written =
+        file.set_len(0).and_then(|()| file.rewind()).and_then(|()| file.write_all(holder.as_bytes()));
+    written.with_context(|| format!("writing {}", path.display()))?;
+    Ok(file)
+}
+
 fn names_digest(inputs: &Inputs) -> String {
+    use std::os::unix::ffi::OsStrExt;
     let mut hasher = Sha256::new();
-    for name in inputs.names() {
-        hasher.update((name.len() as u64).to_le_bytes());
-        hasher.update(name.as_bytes());
+    for path in inputs.paths() {
+        hasher.update((path.len() as u64).to_le_bytes());
+        hasher.update(path.as_bytes());
     }
     hex::encode(hasher.finalize())
 }
@@ -278,19 +334,78 @@ fn short(digest: &str) -> &str {
     &digest[..digest.len().min(12)]
 }
 
-/// Every part's records, in order, each part checked to hold its inputs.
+/// Part `part`, checked against its seal and to hold its inputs.
+fn read_part(parts_dir: &Path, part: usize, inputs: &Inputs, part_size: usize) -> Result<Part> {
+    let path = part_path(parts_dir, part);
+    let bytes = std::fs::read(&path).with_context(|| format!("reading part {}", path.display()))?;
+    let read = outputs::parse_part(&bytes).with_context(|| format!("{}", path.display()))?;
+    let expected = part_range(part, part_size, inputs.len()).map(|i| inputs.name(i));
+    if !read.records.iter().map(|r| r.path.as_str()).eq(expected) {
+        bail!("{}: does not hold the images of part {part}", path.display());
+    }
+    Ok(read)
+}
+
+/// The stamp of input `index`'s file as it is now (None for a shard sample, or a file that
+/// cannot be read).
+fn stamp_now(inputs: &Inputs, index: usize) -> Option<FileStamp> {
+    inputs.file(index).and_then(|path| std::fs::metadata(path).ok()).map(|metadata| FileStamp::of(&metadata))
+}
+
+/// The first input of `part` (which starts at input `first`) that changed since the part was
+/// written: a file's size or modification time, or the source photo a shard sample records.
+fn changed_since<'i>(part: &Part, inputs: &'i Inputs, first: usize) -> Option<&'i str> {
+    let rows = part.records.iter().zip(&part.files).enumerate();
+    rows.map(|(offset, (record, stamp))| (first + offset, record, stamp))
+        .find(|&(index, record, stamp)| match inputs.shard_source(index) {
+            Some(source) => record.sha256.as_deref() != Some(source.sha256.as_str()),
+            None => stamp_now(inputs, index) != *stamp,
+        })
+        .map(|(index, _, _)| inputs.name(index))
+}
+
+/// Whether part `part` was finished by an earlier run, is whole, and its photos have not
+/// changed since. A part that exists but fails its checks (edited, damaged, another job's) is
+/// set aside as `*.invalid`, named in the log, to be classified again: never merged, never
+/// lost. A part with a photo changed since is classified again, naming the photo.
+fn is_done(parts_dir: &Path, part: usize, inputs: &Inputs, part_size: usize) -> bool {
+    let path = part_path(parts_dir, part);
+    if !path.exists() {
+        return false;
+    }
+    let error = match read_part(parts_dir, part, inputs, part_size) {
+        Ok(read) => {
+            let first = part_range(part, part_size, inputs.len()).start;
+            let Some(changed) = changed_since(&read, inputs, first) else { return true };
+            tracing::warn!(
+                "{changed}: changed since {} was written: its images are classified again",
+                path.display()
+            );
+            return false;
+        }
+        Err(error) => error,
+    };
+    let mut aside = path.clone().into_os_string();
+    aside.push(".invalid");
+    match std::fs::rename(&path, &aside) {
+        Ok(()) => tracing::warn!(
+            "{error:#}: set aside as {}, and its images classified again",
+            Path::new(&aside).display()
+        ),
+        // Overwritten when the part is written again.
+        Err(rename) => tracing::warn!("{error:#}: classified again ({rename} setting it aside)"),
+    }
+    false
+}
+
+/// Every part's records, in order, each part checked against its seal and to hold its inputs
+/// (a part changed since this run checked it ends the merge, naming it).
 fn read_parts(parts_dir: &Path, parts: usize, inputs: &Inputs, part_size: usize) -> Result<Vec<Record>> {
     let mut records = Vec::with_capacity(inputs.len());
     for part in 0..parts {
-        let path = part_path(parts_dir, part);
-        let bytes = std::fs::read(&path).with_context(|| format!("reading part {}", path.display()))?;
-        let part_records = outputs::parse_jsonl(&bytes)
-            .with_context(|| format!("{}: not a part of predictions", path.display()))?;
-        let expected = part_range(part, part_size, inputs.len()).map(|i| inputs.name(i));
-        if !part_records.iter().map(|r| r.path.as_str()).eq(expected) {
-            bail!("{} does not hold the images of part {part}: remove it and run again", path.display());
-        }
-        records.extend(part_records);
+        let read = read_part(parts_dir, part, inputs, part_size)
+            .map_err(|error| anyhow::anyhow!("{error:#}: remove it and run the same command again"))?;
+        records.extend(read.records);
     }
     Ok(records)
 }
@@ -326,7 +441,8 @@ impl Classifier<'_> {
             let range = part_range(part, part_size, inputs.len());
             let first = range.start;
             // Hashing and Exif run here while the loader's workers decode ahead.
-            let mut records = describe_files(inputs, range.clone(), self.plan.loader_workers.max(1));
+            let mut described = describe_files(inputs, range.clone(), self.plan.loader_workers.max(1));
+            let records = &mut described.records;
             // Part sizes are multiples of the batch size: the part's batches are its own.
             for batch in loader.by_ref().take(range.len().div_ceil(batch_size)) {
                 if signals::requested().is_some() {
@@ -351,7 +467,7 @@ impl Classifier<'_> {
                     records[index - first].predicted(self.classes, probabilities, self.top);
                 }
             }
-            write_atomic(&part_path(parts_dir, part), &outputs::jsonl_bytes(&records)?)?;
+            write_atomic(&part_path(parts_dir, part), &outputs::part_bytes(&described)?)?;
             classified += range.len();
         }
         Ok(Some(classified))
@@ -371,9 +487,9 @@ impl Classifier<'_> {
     }
 }
 
-/// The record of each input in `range` with what its bytes say (sha256, size, Exif), read on
-/// `threads` threads.
-fn describe_files(inputs: &Inputs, range: std::ops::Range<usize>, threads: usize) -> Vec<Record> {
+/// The record of each input in `range` with what its bytes say (sha256, size, Exif), and the
+/// stamp of its file, read on `threads` threads.
+fn describe_files(inputs: &Inputs, range: std::ops::Range<usize>, threads: usize) -> Part {
     let indices: Vec<usize> = range.collect();
     let chunk = indices.len().div_ceil(threads).max(1);
     std::thread::scope(|scope| {
@@ -383,28 +499,32 @@ fn describe_files(inputs: &Inputs, range: std::ops::Range<usize>, threads: usize
                 scope.spawn(move || chunk.iter().map(|&i| describe_file(inputs, i)).collect::<Vec<_>>())
             })
             .collect();
-        handles.into_iter().flat_map(|h| h.join().expect("describing files does not panic")).collect()
+        let described = handles.into_iter().flat_map(|h| h.join().expect("describing files does not panic"));
+        let (records, files) = described.unzip();
+        Part { records, files }
     })
 }
 
 /// An input's record with what its source says: a file's from its bytes, a shard sample's from
 /// the source photo its shard recorded (its sha256, size and Exif, which a `--resize`d copy no
-/// longer has) — the same [`SampleSource`] either way.
-fn describe_file(inputs: &Inputs, index: usize) -> Record {
+/// longer has) — the same [`SampleSource`] either way. A file's stamp is taken before it is
+/// read, so that a file changed meanwhile is seen as changed on a rerun.
+fn describe_file(inputs: &Inputs, index: usize) -> (Record, Option<FileStamp>) {
     let name = inputs.name(index).to_string();
+    let stamp = stamp_now(inputs, index);
     let source = match inputs.shard_source(index) {
         Some(source) => source,
         None => match inputs.encoded(index) {
             Ok(bytes) => SampleSource::of(Path::new(&name), &bytes),
             // The loader reports why, in the record's error.
-            Err(_) => return Record::new(name, None, None, None),
+            Err(_) => return (Record::new(name, None, None, None), stamp),
         },
     };
     if let Some(problem) = &source.tags.gps_problem {
         tracing::warn!("{name}: GPS block not read ({problem}): no position");
     }
     let size = source.width.zip(source.height);
-    Record::new(name, Some(source.sha256), size, Some(&source.tags))
+    (Record::new(name, Some(source.sha256), size, Some(&source.tags)), stamp)
 }
 
 #[cfg(test)]

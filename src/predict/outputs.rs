@@ -2,12 +2,18 @@
 //! the parts of a job and merged into `predictions.csv`, `predictions.jsonl`,
 //! `predictions.geojson` (RFC 7946) and `summary.json`.
 //!
+//! A part ends with a seal line: the size and modification time each row's file had when it
+//! was classified (so that a rerun knows which photos changed since), and a sha256 of the rows
+//! and of those, checked whenever the part is read, so that a part edited or damaged since it
+//! was written is never merged.
+//!
 //! Every byte of the three prediction files is a function of the records alone (no times, no
 //! rank numbers), so they are identical at any world size and worker count.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::data::photo::PhotoTags;
 
@@ -97,7 +103,8 @@ impl Record {
 /// `predictions.csv`: RFC 4180 (the `csv` crate quotes what needs quoting). Columns: path,
 /// sha256, class, probability, `probability_<class>` per class, `top<i>_class` and
 /// `top<i>_probability` for `--top K`, width, height, orientation, latitude, longitude,
-/// altitude, capture_time, error; empty where a value is absent.
+/// altitude, capture_time, error; empty where a value is absent. Text cells a spreadsheet would
+/// run as a formula are [`neutralised`]; numbers are written as they are.
 pub fn csv_bytes(records: &[Record], classes: &[String], top: usize) -> Result<Vec<u8>, csv::Error> {
     let mut writer = csv::Writer::from_writer(Vec::new());
     let mut header: Vec<String> = ["path", "sha256", "class", "probability"].map(String::from).to_vec();
@@ -111,18 +118,19 @@ pub fn csv_bytes(records: &[Record], classes: &[String], top: usize) -> Result<V
     );
     writer.write_record(&header)?;
     let text = |value: Option<String>| value.unwrap_or_default();
+    let cell = |value: Option<&str>| value.map(neutralised).unwrap_or_default();
     for record in records {
         let mut row = vec![
-            record.path.clone(),
+            neutralised(&record.path),
             text(record.sha256.clone()),
-            text(record.class.clone()),
+            cell(record.class.as_deref()),
             text(record.probability.map(|p| p.to_string())),
         ];
         row.extend((0..classes.len()).map(|i| text(record.probabilities.get(i).map(|p| p.to_string()))));
         for i in 0..top {
             let entry = record.top.get(i);
             row.extend([
-                text(entry.map(|t| t.class.clone())),
+                cell(entry.map(|t| t.class.as_str())),
                 text(entry.map(|t| t.probability.to_string())),
             ]);
         }
@@ -133,12 +141,24 @@ pub fn csv_bytes(records: &[Record], classes: &[String], top: usize) -> Result<V
             text(record.latitude.map(|v| v.to_string())),
             text(record.longitude.map(|v| v.to_string())),
             text(record.altitude.map(|v| v.to_string())),
-            text(record.capture_time.clone()),
-            text(record.error.clone()),
+            cell(record.capture_time.as_deref()),
+            cell(record.error.as_deref()),
         ]);
         writer.write_record(&row)?;
     }
     writer.into_inner().map_err(|e| csv::Error::from(e.into_error()))
+}
+
+/// A text cell as a spreadsheet shows it rather than runs it: OWASP's rule against CSV
+/// injection, a `'` before a cell that starts with `=`, `+`, `-`, `@`, a tab or a carriage
+/// return (a file named `=HYPERLINK(...).jpg`, a class named `-1`). Applied to text cells only,
+/// so a negative longitude stays a number.
+fn neutralised(text: &str) -> String {
+    if text.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        format!("'{text}")
+    } else {
+        text.to_string()
+    }
 }
 
 /// One JSON object per line, as the parts hold them.
@@ -154,6 +174,82 @@ pub fn jsonl_bytes(records: &[Record]) -> Result<Vec<u8>, serde_json::Error> {
 /// The records of JSON-lines `bytes` (a part, or `predictions.jsonl`).
 pub fn parse_jsonl(bytes: &[u8]) -> Result<Vec<Record>, serde_json::Error> {
     bytes.split(|&b| b == b'\n').filter(|line| !line.is_empty()).map(serde_json::from_slice).collect()
+}
+
+/// Why a part's bytes are not a part to merge.
+#[derive(Debug, thiserror::Error)]
+pub enum PartError {
+    #[error("no seal line at its end (cut short, or not written by this version of rtrain)")]
+    Unsealed,
+    #[error("its rows do not match the sha256 it was sealed with (edited or damaged since)")]
+    Mismatch,
+    #[error("not JSON lines of predictions: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// A file as it was when read: a rerun compares it with the file as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStamp {
+    pub size: u64,
+    /// Modification time: seconds since the epoch, and nanoseconds.
+    pub modified_s: i64,
+    pub modified_ns: i64,
+}
+
+impl FileStamp {
+    pub fn of(metadata: &std::fs::Metadata) -> FileStamp {
+        use std::os::unix::fs::MetadataExt;
+        FileStamp { size: metadata.size(), modified_s: metadata.mtime(), modified_ns: metadata.mtime_nsec() }
+    }
+}
+
+/// One part of a job: its records, and the stamp of each record's file (None for a shard
+/// sample, or a file that could not be read).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Part {
+    pub records: Vec<Record>,
+    pub files: Vec<Option<FileStamp>>,
+}
+
+/// A part's last line.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PartSeal {
+    files: Vec<Option<FileStamp>>,
+    /// sha256 of every byte of the part before this line, then of `files` as JSON.
+    sha256: String,
+}
+
+fn seal_digest(rows: &[u8], files: &[Option<FileStamp>]) -> Result<String, serde_json::Error> {
+    let mut hasher = Sha256::new();
+    hasher.update(rows);
+    hasher.update(serde_json::to_vec(files)?);
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// A part as its file holds it: its records as JSON lines, then its seal.
+pub fn part_bytes(part: &Part) -> Result<Vec<u8>, serde_json::Error> {
+    let mut bytes = jsonl_bytes(&part.records)?;
+    let seal = PartSeal { sha256: seal_digest(&bytes, &part.files)?, files: part.files.clone() };
+    serde_json::to_writer(&mut bytes, &seal)?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+/// The part that [`part_bytes`] wrote, refused unless its seal matches it.
+pub fn parse_part(bytes: &[u8]) -> Result<Part, PartError> {
+    let body = bytes.strip_suffix(b"\n").ok_or(PartError::Unsealed)?;
+    let rows_end = body.iter().rposition(|&b| b == b'\n').map_or(0, |newline| newline + 1);
+    let (rows, seal) = body.split_at(rows_end);
+    let seal: PartSeal = serde_json::from_slice(seal).map_err(|_| PartError::Unsealed)?;
+    if seal_digest(rows, &seal.files)? != seal.sha256 {
+        return Err(PartError::Mismatch);
+    }
+    let records = parse_jsonl(rows)?;
+    if records.len() != seal.files.len() {
+        return Err(PartError::Mismatch);
+    }
+    Ok(Part { records, files: seal.files })
 }
 
 /// `predictions.geojson`: an RFC 7946 FeatureCollection with one Point (longitude, latitude[,
@@ -285,5 +381,64 @@ mod tests {
         assert_eq!((counts.images, counts.classified, counts.without_gps), (2, 2, 1));
         assert_eq!(counts.per_class["C4"], 2);
         assert_eq!(parse_jsonl(&jsonl_bytes(&records).unwrap()).unwrap(), records);
+    }
+
+    /// Case 50: CSV cells starting with `=`, `@`, `+` or `-` were written as they were, and a
+    /// spreadsheet ran them as formulas. Text cells so starting get OWASP's `'` in front;
+    /// numbers (a negative longitude) stay numbers; the JSON files keep the text as it is.
+    #[test]
+    fn text_cells_a_spreadsheet_would_run_are_neutralised_and_numbers_are_not() {
+        let formulas = ["=1+1", "@SUM(A1)", "+1", "-1", "\t=1", "\r=1"];
+        let classes: Vec<String> = formulas.iter().map(|f| f.to_string()).collect();
+        let mut record = Record::new("=HYPERLINK(\"http://x\").jpg".into(), None, Some((4, 3)), None);
+        record.predicted(&classes, vec![0.5, 0.1, 0.1, 0.1, 0.1, 0.1], 2);
+        (record.latitude, record.longitude) = (Some(-33.5), Some(-151.25));
+        let mut bad = Record::new("-x.jpg".into(), None, None, None);
+        bad.error = Some("+cannot decode".into());
+        let tab = Record::new("\t=x.jpg".into(), None, None, None);
+        let plain = Record::new("a=1.jpg".into(), None, None, None);
+        let csv = csv_bytes(&[record.clone(), bad, tab, plain], &classes, 2).unwrap();
+        let mut reader = csv::Reader::from_reader(csv.as_slice());
+        let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
+        let rows: Vec<Vec<String>> =
+            reader.records().map(|r| r.unwrap().iter().map(String::from).collect()).collect();
+        let cell =
+            |row: usize, column: &str| rows[row][header.iter().position(|h| h == column).unwrap()].clone();
+        assert_eq!(cell(0, "path"), "'=HYPERLINK(\"http://x\").jpg");
+        assert_eq!(cell(0, "class"), "'=1+1");
+        assert_eq!(cell(0, "top1_class"), "'=1+1");
+        assert_eq!(cell(0, "top2_class"), "'@SUM(A1)");
+        assert_eq!((cell(0, "latitude"), cell(0, "longitude")), ("-33.5".into(), "-151.25".into()));
+        assert_eq!((cell(1, "path"), cell(1, "error")), ("'-x.jpg".into(), "'+cannot decode".into()));
+        assert_eq!((cell(2, "path"), cell(3, "path")), ("'\t=x.jpg".into(), "a=1.jpg".into()));
+        for (class, column) in classes.iter().zip(&header[4..10]) {
+            assert_eq!(*column, format!("probability_{class}"), "a header cell starts with a letter");
+        }
+        assert_eq!(parse_jsonl(&jsonl_bytes(&[record.clone()]).unwrap()).unwrap()[0].path, record.path);
+    }
+
+    #[test]
+    fn a_part_is_read_only_as_it_was_sealed() {
+        let mut record = Record::new("a.jpg".into(), Some("ab".into()), Some((4, 3)), None);
+        record.predicted(&classes(), vec![0.25, 0.5, 0.25], 0);
+        let stamp = FileStamp { size: 10, modified_s: 1_700_000_000, modified_ns: 5 };
+        let records = vec![record.clone(), record];
+        let part = Part { records: records.clone(), files: vec![Some(stamp), None] };
+        let bytes = part_bytes(&part).unwrap();
+        assert_eq!(parse_part(&bytes).unwrap(), part);
+        assert_eq!(parse_part(&part_bytes(&Part::default()).unwrap()).unwrap(), Part::default());
+        // A file's stamp changed (to hide that the photo changed): refused.
+        let restamped = String::from_utf8(bytes.clone()).unwrap().replacen("\"size\":10", "\"size\":11", 1);
+        assert!(matches!(parse_part(restamped.as_bytes()), Err(PartError::Mismatch)));
+        // The class of the first row changed, its probabilities left: refused.
+        let edited = String::from_utf8(bytes.clone()).unwrap().replacen("\"C2\"", "\"C4\"", 1);
+        assert!(matches!(parse_part(edited.as_bytes()), Err(PartError::Mismatch)));
+        // A row dropped, or the seal cut off.
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        let dropped: String = text.lines().skip(1).map(|line| format!("{line}\n")).collect();
+        assert!(matches!(parse_part(dropped.as_bytes()), Err(PartError::Mismatch)));
+        let unsealed = jsonl_bytes(&records).unwrap();
+        assert!(matches!(parse_part(&unsealed), Err(PartError::Unsealed)));
+        assert!(matches!(parse_part(&bytes[..bytes.len() - 3]), Err(PartError::Unsealed)));
     }
 }

@@ -569,7 +569,7 @@ fn take_lock(paths: &RunPaths) -> Result<std::fs::File, RunDirError> {
 
 /// An exclusive, non-blocking flock on `file`: `Ok(false)` when another open file holds it.
 /// (std's `File::try_lock` needs Rust 1.89; the build image has 1.88.)
-fn try_flock(file: &std::fs::File) -> std::io::Result<bool> {
+pub(crate) fn try_flock(file: &std::fs::File) -> std::io::Result<bool> {
     use std::os::fd::AsRawFd;
     // SAFETY: flock on a file descriptor this `File` owns and keeps open for the call.
     match unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } {

@@ -112,6 +112,24 @@ pub fn is_stale_temporary(name: &std::ffi::OsStr) -> bool {
     })
 }
 
+/// `path` as text: itself when it is UTF-8, else with each byte that is not UTF-8 written as
+/// `\xHH`, so that two names differing only there stay two names (`to_string_lossy` makes
+/// both U+FFFD).
+pub fn path_text(path: &Path) -> std::borrow::Cow<'_, str> {
+    use std::os::unix::ffi::OsStrExt;
+    if let Some(text) = path.to_str() {
+        return text.into();
+    }
+    let mut text = String::new();
+    for chunk in path.as_os_str().as_bytes().utf8_chunks() {
+        text.push_str(chunk.valid());
+        for byte in chunk.invalid() {
+            text.push_str(&format!("\\x{byte:02x}"));
+        }
+    }
+    text.into()
+}
+
 /// Writes the concatenation of `parts` to `path` atomically, as [`write_atomic`]; returns the
 /// sha256 of what it wrote (hashed from memory, so the file need not be read back for it).
 fn write_atomic_parts(path: &Path, parts: &[&[u8]]) -> Result<String, FileError> {
@@ -471,6 +489,17 @@ pub fn sha256_file(path: &Path) -> Result<String, FileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_that_are_not_utf8_are_written_apart() {
+        use std::os::unix::ffi::OsStrExt;
+        let name = |bytes: &[u8]| path_text(Path::new(std::ffi::OsStr::from_bytes(bytes))).into_owned();
+        assert_eq!(name(b"d/x\xff.jpg"), "d/x\\xff.jpg");
+        assert_eq!(name(b"d/x\xfe.jpg"), "d/x\\xfe.jpg");
+        assert_eq!(name("d/caf\u{e9}.jpg".as_bytes()), "d/caf\u{e9}.jpg");
+        // A cut multi-byte sequence: only its bytes are escaped.
+        assert_eq!(name(b"\xc3-\xc3\xa9"), "\\xc3-\u{e9}");
+    }
 
     #[test]
     fn the_temporaries_it_makes_are_the_ones_it_recognises() {
