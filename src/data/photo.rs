@@ -6,14 +6,16 @@
 //! seconds / 3600 from the three rationals, negative for the southern and western
 //! hemispheres (`GPSLatitudeRef` `S`, `GPSLongitudeRef` `W`) and below sea level
 //! (`GPSAltitudeRef` 1). A GPS block that cannot be read is "no GPS" with the reason kept, never
-//! an error: the photo's pixels are still good.
+//! an error: the photo's pixels are still good. Likewise a damaged part of the Exif block (a
+//! truncated directory, a tag declaring more values than the block holds) is skipped with the
+//! reason kept, and the rest of the block is read.
 
 use std::io::Cursor;
 
 use exif::{Exif, In, Tag, Value};
 use serde::{Deserialize, Serialize};
 
-use super::orientation::Orientation;
+use super::orientation::{read_exif, Orientation};
 
 /// Where a photo was taken (WGS 84, as Exif records it).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -37,21 +39,33 @@ pub struct PhotoTags {
     /// `DateTimeOriginal` as ISO 8601 (`2023-02-06T04:17:35`), with `OffsetTimeOriginal`
     /// appended when recorded (`+03:00`).
     pub captured: Option<String>,
+    /// What else of the Exif block was skipped, and why (each reported as a warning).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exif_problems: Vec<String>,
 }
 
 impl PhotoTags {
     /// The tags of an encoded image (JPEG APP1, PNG eXIf); all absent when it has no readable
     /// Exif block.
     pub fn of(bytes: &[u8]) -> PhotoTags {
-        let orientation = Orientation::of(bytes).tag();
-        let Ok(exif) = exif::Reader::new().read_from_container(&mut Cursor::new(bytes)) else {
-            return PhotoTags { orientation, ..PhotoTags::default() };
+        let Some((exif, skipped)) = read_exif(bytes) else {
+            return PhotoTags { orientation: Orientation::Upright.tag(), ..PhotoTags::default() };
         };
+        let exif_problems = skipped
+            .iter()
+            .map(|why| format!("part of the Exif block skipped ({why}), the rest read"))
+            .collect();
         let (gps, gps_problem) = match gps_position(&exif) {
             Ok(gps) => (gps, None),
             Err(problem) => (None, Some(problem)),
         };
-        PhotoTags { orientation, gps, gps_problem, captured: capture_time(&exif) }
+        PhotoTags {
+            orientation: Orientation::in_exif(&exif).tag(),
+            gps,
+            gps_problem,
+            captured: capture_time(&exif),
+            exif_problems,
+        }
     }
 }
 
