@@ -827,7 +827,8 @@ fn exif_app1(mut ifd0: Vec<Entry>, exif: Vec<Entry>, gps: Vec<Entry>, gps_next_o
 /// Case 50.1: one bad part of an Exif block costs only that part, with a warning naming the
 /// file. Before, a GPS IFD without its next-IFD offset, or one GPS tag declaring 0x7fffffff
 /// values, threw the whole block away in silence: orientation 1, so the photo was classified
-/// sideways, and no position.
+/// sideways, and no position. Case 50.1b: `DateTimeOriginal` "2023:02:30 25:61:61" became the
+/// valid-looking ISO time "2023-02-30T25:61:61"; it is now no capture time, with a warning.
 #[test]
 fn a_bad_part_of_an_exif_block_costs_only_that_part_with_a_warning() {
     use rtrain::data::encode::{encode_jpeg, Subsampling};
@@ -866,6 +867,10 @@ fn a_bad_part_of_an_exif_block_costs_only_that_part_with_a_warning() {
     // GPSTimeStamp declaring 0x7fffffff rationals (16 GiB) where the block holds three.
     huge_count.push(Entry { count: 0x7fff_ffff, ..rationals_entry(0x0007, &[(4, 1), (17, 1), (35, 1)]) });
     write("huge-count.jpg", &exif_app1(turned_right(), vec![], huge_count, true));
+    write(
+        "impossible-time.jpg",
+        &exif_app1(turned_right(), vec![ascii_entry(0x9003, "2023:02:30 25:61:61")], vec![], true),
+    );
     // The controls: the orientation alone, as rtrain writes it, and no Exif block at all.
     write("clean.jpg", &exif_block(Orientation::TurnedRight));
     write("stored.jpg", &[]);
@@ -914,9 +919,18 @@ fn a_bad_part_of_an_exif_block_costs_only_that_part_with_a_warning() {
     // The good tags beside the bad one are read: the altitude after it, 125 m above sea level.
     assert_eq!(number("huge-count.jpg", "altitude"), Some(125.0), "{:?}", rows["huge-count.jpg"]);
 
+    // Case 50.1b: an impossible DateTimeOriginal is no capture time, with a warning.
+    assert_eq!(rows["impossible-time.jpg"]["orientation"], "6", "{:?}", rows["impossible-time.jpg"]);
+    assert_eq!(rows["impossible-time.jpg"]["capture_time"], "", "{:?}", rows["impossible-time.jpg"]);
+    assert!(
+        stderr.contains(
+            "photos/impossible-time.jpg: DateTimeOriginal \"2023:02:30 25:61:61\" is no date and time"
+        ),
+        "{stderr}"
+    );
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("out/summary.json")).unwrap()).unwrap();
-    assert_eq!(summary["without_gps"], 2, "clean and stored: {summary}");
+    assert_eq!(summary["without_gps"], 3, "impossible-time, clean and stored: {summary}");
     // The clean files warn of nothing.
     for name in ["clean.jpg", "stored.jpg"] {
         assert!(!stderr.contains(&format!("photos/{name}")), "{stderr}");
