@@ -829,6 +829,8 @@ fn exif_app1(mut ifd0: Vec<Entry>, exif: Vec<Entry>, gps: Vec<Entry>, gps_next_o
 /// values, threw the whole block away in silence: orientation 1, so the photo was classified
 /// sideways, and no position. Case 50.1b: `DateTimeOriginal` "2023:02:30 25:61:61" became the
 /// valid-looking ISO time "2023-02-30T25:61:61"; it is now no capture time, with a warning.
+/// Case 50.1c: `GPSAltitudeRef` 7 was read as above sea level; the altitude is now unknown,
+/// with a warning.
 #[test]
 fn a_bad_part_of_an_exif_block_costs_only_that_part_with_a_warning() {
     use rtrain::data::encode::{encode_jpeg, Subsampling};
@@ -871,6 +873,10 @@ fn a_bad_part_of_an_exif_block_costs_only_that_part_with_a_warning() {
         "impossible-time.jpg",
         &exif_app1(turned_right(), vec![ascii_entry(0x9003, "2023:02:30 25:61:61")], vec![], true),
     );
+    let mut altitude_ref_7 = position();
+    altitude_ref_7.push(byte_entry(0x0005, 7));
+    altitude_ref_7.push(rationals_entry(0x0006, &[(250, 2)]));
+    write("altitude-ref-7.jpg", &exif_app1(turned_right(), vec![], altitude_ref_7, true));
     // The controls: the orientation alone, as rtrain writes it, and no Exif block at all.
     write("clean.jpg", &exif_block(Orientation::TurnedRight));
     write("stored.jpg", &[]);
@@ -928,6 +934,15 @@ fn a_bad_part_of_an_exif_block_costs_only_that_part_with_a_warning() {
         ),
         "{stderr}"
     );
+    // Case 50.1c: an undefined GPSAltitudeRef is an unknown altitude (not 125 m above sea
+    // level), with a warning; the position stands.
+    let row = &rows["altitude-ref-7.jpg"];
+    assert_eq!(
+        (number("altitude-ref-7.jpg", "latitude"), row["altitude"].as_str()),
+        (Some(latitude), ""),
+        "{row:?}"
+    );
+    assert!(stderr.contains("photos/altitude-ref-7.jpg: GPSAltitudeRef is 7, not 0"), "{stderr}");
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("out/summary.json")).unwrap()).unwrap();
     assert_eq!(summary["without_gps"], 3, "impossible-time, clean and stored: {summary}");

@@ -5,10 +5,11 @@
 //! GPS coordinates are read as exiftool and Pillow report them: degrees + minutes / 60 +
 //! seconds / 3600 from the three rationals, negative for the southern and western
 //! hemispheres (`GPSLatitudeRef` `S`, `GPSLongitudeRef` `W`) and below sea level
-//! (`GPSAltitudeRef` 1). A GPS block that cannot be read is "no GPS" with the reason kept, never
-//! an error: the photo's pixels are still good. Likewise a damaged part of the Exif block (a
-//! truncated directory, a tag declaring more values than the block holds) is skipped with the
-//! reason kept, and the rest of the block is read.
+//! (`GPSAltitudeRef` 1; any value but 0 and 1 makes the altitude unknown). A GPS block that
+//! cannot be read is "no GPS" with the reason kept, never an error: the photo's pixels are still
+//! good. Likewise a damaged part of the Exif block (a truncated directory, a tag declaring more
+//! values than the block holds) is skipped with the reason kept, and the rest of the block is
+//! read.
 
 use std::io::Cursor;
 
@@ -55,7 +56,7 @@ impl PhotoTags {
             .iter()
             .map(|why| format!("part of the Exif block skipped ({why}), the rest read"))
             .collect();
-        let (gps, gps_problem) = match gps_position(&exif) {
+        let (gps, gps_problem) = match gps_position(&exif, &mut exif_problems) {
             Ok(gps) => (gps, None),
             Err(problem) => (None, Some(problem)),
         };
@@ -77,8 +78,8 @@ pub fn stored_size(bytes: &[u8]) -> Option<(u32, u32)> {
 }
 
 /// The GPS position, `Ok(None)` when the photo has no latitude and longitude, or why the ones
-/// it has cannot be read.
-fn gps_position(exif: &Exif) -> Result<Option<GpsPosition>, String> {
+/// it has cannot be read. An altitude that cannot be read is unknown, with why in `problems`.
+fn gps_position(exif: &Exif, problems: &mut Vec<String>) -> Result<Option<GpsPosition>, String> {
     let field = |tag| exif.get_field(tag, In::PRIMARY);
     let (latitude, longitude) = match (field(Tag::GPSLatitude), field(Tag::GPSLongitude)) {
         (None, None) => return Ok(None),
@@ -100,9 +101,18 @@ fn gps_position(exif: &Exif) -> Result<Option<GpsPosition>, String> {
             };
             let metres = values.first().ok_or("GPSAltitude is empty")?;
             let metres = rational(metres.num, metres.denom, "GPSAltitude")?;
-            // Ref 1 is below sea level; 0 or no ref is above.
-            let below = field(Tag::GPSAltitudeRef).and_then(|f| f.value.get_uint(0)) == Some(1);
-            Some(if below { -metres } else { metres })
+            // Ref 0 is above sea level, 1 below; without a ref, above (as exiftool reads it).
+            match field(Tag::GPSAltitudeRef).map(|f| f.value.get_uint(0)) {
+                None | Some(Some(0)) => Some(metres),
+                Some(Some(1)) => Some(-metres),
+                Some(other) => {
+                    let value = other.map_or("not a number".to_string(), |v| v.to_string());
+                    problems.push(format!(
+                        "GPSAltitudeRef is {value}, not 0 (above sea level) or 1 (below): altitude unknown"
+                    ));
+                    None
+                }
+            }
         }
     };
     Ok(Some(GpsPosition { latitude, longitude, altitude }))
