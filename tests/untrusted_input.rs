@@ -1302,3 +1302,215 @@ fn one_photo_named_three_ways_in_a_list_is_one_row() {
         assert!(stderr.contains(&format!("{again}: left out: the same file as photos/p0.jpg")), "{stderr}");
     }
 }
+
+// --- Issue 50, Exif ---
+
+/// One IFD entry of a hand-made Exif block: tag, TIFF type (1 BYTE, 2 ASCII, 3 SHORT, 4 LONG,
+/// 5 RATIONAL), the count it declares and its value's little-endian bytes. The count is written
+/// as given, so an entry can declare far more values than it holds.
+struct Entry {
+    tag: u16,
+    kind: u16,
+    count: u32,
+    value: Vec<u8>,
+}
+
+fn short_entry(tag: u16, value: u16) -> Entry {
+    Entry { tag, kind: 3, count: 1, value: value.to_le_bytes().to_vec() }
+}
+
+fn byte_entry(tag: u16, value: u8) -> Entry {
+    Entry { tag, kind: 1, count: 1, value: vec![value] }
+}
+
+fn ascii_entry(tag: u16, text: &str) -> Entry {
+    let mut value = text.as_bytes().to_vec();
+    value.push(0);
+    Entry { tag, kind: 2, count: value.len() as u32, value }
+}
+
+fn rationals_entry(tag: u16, values: &[(u32, u32)]) -> Entry {
+    let value = values.iter().flat_map(|(num, denom)| [num.to_le_bytes(), denom.to_le_bytes()]).flatten();
+    Entry { tag, kind: 5, count: values.len() as u32, value: value.collect() }
+}
+
+/// An Exif block as it follows a JPEG APP1 marker and its length, little-endian: IFD0 holding
+/// `ifd0` and pointers to an Exif IFD holding `exif` and a GPS IFD holding `gps` (each when not
+/// empty), then the values longer than 4 bytes, then the GPS IFD. Without `gps_next_offset` the
+/// GPS IFD, and the block, end without its 4-byte next-IFD offset, as a common Python geotagging
+/// tool writes it.
+fn exif_app1(mut ifd0: Vec<Entry>, exif: Vec<Entry>, gps: Vec<Entry>, gps_next_offset: bool) -> Vec<u8> {
+    let ifd_len = |entries: usize| 2 + 12 * entries + 4;
+    let pointers = usize::from(!exif.is_empty()) + usize::from(!gps.is_empty());
+    let exif_at = 8 + ifd_len(ifd0.len() + pointers);
+    let data_at = exif_at + if exif.is_empty() { 0 } else { ifd_len(exif.len()) };
+    let long_values =
+        |entries: &[Entry]| entries.iter().map(|e| e.value.len()).filter(|&l| l > 4).sum::<usize>();
+    let gps_at = data_at + long_values(&ifd0) + long_values(&exif) + long_values(&gps);
+    let long =
+        |tag: u16, at: usize| Entry { tag, kind: 4, count: 1, value: (at as u32).to_le_bytes().to_vec() };
+    if !exif.is_empty() {
+        ifd0.push(long(0x8769, exif_at));
+    }
+    if !gps.is_empty() {
+        ifd0.push(long(0x8825, gps_at));
+    }
+    let mut data = Vec::new();
+    let mut ifd = |entries: &[Entry], next_offset: bool| {
+        let mut bytes = (entries.len() as u16).to_le_bytes().to_vec();
+        for entry in entries {
+            bytes.extend_from_slice(&entry.tag.to_le_bytes());
+            bytes.extend_from_slice(&entry.kind.to_le_bytes());
+            bytes.extend_from_slice(&entry.count.to_le_bytes());
+            if entry.value.len() <= 4 {
+                let mut inline = entry.value.clone();
+                inline.resize(4, 0);
+                bytes.extend_from_slice(&inline);
+            } else {
+                bytes.extend_from_slice(&((data_at + data.len()) as u32).to_le_bytes());
+                data.extend_from_slice(&entry.value);
+            }
+        }
+        if next_offset {
+            bytes.extend_from_slice(&0u32.to_le_bytes());
+        }
+        bytes
+    };
+    let ifd0 = ifd(&ifd0, true);
+    let exif = if exif.is_empty() { Vec::new() } else { ifd(&exif, true) };
+    let gps = if gps.is_empty() { Vec::new() } else { ifd(&gps, gps_next_offset) };
+    let mut block = b"Exif\0\0II*\0".to_vec();
+    block.extend_from_slice(&8u32.to_le_bytes());
+    for part in [ifd0, exif, data, gps] {
+        block.extend_from_slice(&part);
+    }
+    block
+}
+
+/// Case 50.1: one bad part of an Exif block costs only that part, with a warning naming the
+/// file. Before, a GPS IFD without its next-IFD offset, or one GPS tag declaring 0x7fffffff
+/// values, threw the whole block away in silence: orientation 1, so the photo was classified
+/// sideways, and no position. Case 50.1b: `DateTimeOriginal` "2023:02:30 25:61:61" became the
+/// valid-looking ISO time "2023-02-30T25:61:61"; it is now no capture time, with a warning.
+/// Case 50.1c: `GPSAltitudeRef` 7 was read as above sea level; the altitude is now unknown,
+/// with a warning.
+#[test]
+fn a_bad_part_of_an_exif_block_costs_only_that_part_with_a_warning() {
+    use rtrain::data::encode::{encode_jpeg, Subsampling};
+    use rtrain::data::orientation::{exif_block, Orientation};
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    common::assert_success(train_tiny(dir.path(), &data, "run", &[]), "rtrain train");
+
+    // Every photo has the same stored pixels, 48 x 32 (shown 32 x 48 when turned right), so
+    // that their predictions differ only by how the Exif block turns them.
+    let (width, height) = (48u32, 32u32);
+    let pixels: Vec<u8> = (0..height)
+        .flat_map(|y| (0..width).flat_map(move |x| [x as u8 * 5, y as u8 * 7, (x * y) as u8]))
+        .collect();
+    let photos = dir.path().join("photos");
+    std::fs::create_dir(&photos).unwrap();
+    let write = |name: &str, exif: &[u8]| {
+        let jpeg = encode_jpeg(&pixels, width, height, 90, Subsampling::Quarter, exif).unwrap();
+        std::fs::write(photos.join(name), jpeg).unwrap();
+    };
+    let turned_right = || vec![short_entry(0x0112, 6)];
+    // 29° 57' 30.36" N, 95° 21' 50" W: GPSLatitudeRef, GPSLatitude, GPSLongitudeRef, GPSLongitude.
+    let position = || {
+        vec![
+            ascii_entry(0x0001, "N"),
+            rationals_entry(0x0002, &[(29, 1), (57, 1), (3036, 100)]),
+            ascii_entry(0x0003, "W"),
+            rationals_entry(0x0004, &[(95, 1), (21, 1), (5000, 100)]),
+        ]
+    };
+    write("no-next-offset.jpg", &exif_app1(turned_right(), vec![], position(), false));
+    let mut huge_count = position();
+    huge_count.push(byte_entry(0x0005, 0));
+    huge_count.push(rationals_entry(0x0006, &[(250, 2)]));
+    // GPSTimeStamp declaring 0x7fffffff rationals (16 GiB) where the block holds three.
+    huge_count.push(Entry { count: 0x7fff_ffff, ..rationals_entry(0x0007, &[(4, 1), (17, 1), (35, 1)]) });
+    write("huge-count.jpg", &exif_app1(turned_right(), vec![], huge_count, true));
+    write(
+        "impossible-time.jpg",
+        &exif_app1(turned_right(), vec![ascii_entry(0x9003, "2023:02:30 25:61:61")], vec![], true),
+    );
+    let mut altitude_ref_7 = position();
+    altitude_ref_7.push(byte_entry(0x0005, 7));
+    altitude_ref_7.push(rationals_entry(0x0006, &[(250, 2)]));
+    write("altitude-ref-7.jpg", &exif_app1(turned_right(), vec![], altitude_ref_7, true));
+    // The controls: the orientation alone, as rtrain writes it, and no Exif block at all.
+    write("clean.jpg", &exif_block(Orientation::TurnedRight));
+    write("stored.jpg", &[]);
+
+    let output = common::rtrain(dir.path())
+        .args(["predict", "--set", "data.image_size=32", "--set", "train.threads=1", "--checkpoint"])
+        .arg(dir.path().join("run/model.safetensors"))
+        .args(["photos", "--out", "out"])
+        .output()
+        .unwrap();
+    let output = common::assert_success(output, "rtrain predict --out");
+    let stderr = text(&output.stderr);
+    let mut reader = csv::Reader::from_path(dir.path().join("out/predictions.csv")).unwrap();
+    let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
+    let rows: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>> = reader
+        .records()
+        .map(|row| {
+            let row: std::collections::BTreeMap<String, String> =
+                header.iter().cloned().zip(row.unwrap().iter().map(String::from)).collect();
+            (row["path"].trim_start_matches("photos/").to_string(), row)
+        })
+        .collect();
+    let probabilities = |name: &str| -> Vec<String> {
+        rows[name].iter().filter(|(k, _)| k.starts_with("probability_")).map(|(_, v)| v.clone()).collect()
+    };
+    assert_eq!(probabilities("clean.jpg").len(), 4, "{:?}", rows["clean.jpg"]);
+    assert_ne!(
+        probabilities("clean.jpg"),
+        probabilities("stored.jpg"),
+        "turning the photo changes its prediction"
+    );
+
+    let latitude = 29.0 + 57.0 / 60.0 + (3036.0 / 100.0) / 3600.0;
+    let longitude = -(95.0 + 21.0 / 60.0 + (5000.0 / 100.0) / 3600.0);
+    let number = |name: &str, column: &str| rows[name][column].parse::<f64>().ok();
+    for name in ["no-next-offset.jpg", "huge-count.jpg"] {
+        let row = &rows[name];
+        // Orientation 6 read and applied: the photo is classified as the clean one is, upright.
+        assert_eq!(row["orientation"], "6", "{row:?}");
+        assert_eq!(probabilities(name), probabilities("clean.jpg"), "{name} is not turned upright");
+        assert_eq!(number(name, "latitude"), Some(latitude), "{row:?}");
+        assert_eq!(number(name, "longitude"), Some(longitude), "{row:?}");
+    }
+    assert!(stderr.contains("photos/no-next-offset.jpg: part of the Exif block skipped"), "{stderr}");
+    assert!(stderr.contains("photos/huge-count.jpg: part of the Exif block skipped"), "{stderr}");
+    // The good tags beside the bad one are read: the altitude after it, 125 m above sea level.
+    assert_eq!(number("huge-count.jpg", "altitude"), Some(125.0), "{:?}", rows["huge-count.jpg"]);
+
+    // Case 50.1b: an impossible DateTimeOriginal is no capture time, with a warning.
+    assert_eq!(rows["impossible-time.jpg"]["orientation"], "6", "{:?}", rows["impossible-time.jpg"]);
+    assert_eq!(rows["impossible-time.jpg"]["capture_time"], "", "{:?}", rows["impossible-time.jpg"]);
+    assert!(
+        stderr.contains(
+            "photos/impossible-time.jpg: DateTimeOriginal \"2023:02:30 25:61:61\" is no date and time"
+        ),
+        "{stderr}"
+    );
+    // Case 50.1c: an undefined GPSAltitudeRef is an unknown altitude (not 125 m above sea
+    // level), with a warning; the position stands.
+    let row = &rows["altitude-ref-7.jpg"];
+    assert_eq!(
+        (number("altitude-ref-7.jpg", "latitude"), row["altitude"].as_str()),
+        (Some(latitude), ""),
+        "{row:?}"
+    );
+    assert!(stderr.contains("photos/altitude-ref-7.jpg: GPSAltitudeRef is 7, not 0"), "{stderr}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("out/summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["without_gps"], 3, "impossible-time, clean and stored: {summary}");
+    // The clean files warn of nothing.
+    for name in ["clean.jpg", "stored.jpg"] {
+        assert!(!stderr.contains(&format!("photos/{name}")), "{stderr}");
+    }
+}

@@ -2,7 +2,8 @@
 //!
 //! Phones and many cameras store the sensor's pixels as read and record in the Exif tag 0x0112
 //! how to turn them for display; every photo viewer applies it, torchvision's `ImageFolder` does
-//! not. This module owns reading the tag (the `kamadak-exif` crate) and the eight orientations'
+//! not. This module owns reading the Exif block (the `kamadak-exif` crate; [`read_exif`], which
+//! [`crate::data::photo`] reads GPS and capture time from too) and the eight orientations'
 //! geometry: mapping a rectangle of the displayed image back to the stored pixels, so that a
 //! region decode still reads only what the transform needs, and turning decoded pixels the way
 //! Pillow's `ImageOps.exif_transpose` does.
@@ -66,9 +67,11 @@ impl Orientation {
     /// when there is none or it cannot be read (a broken Exif block does not make the pixels
     /// unreadable, and Pillow then shows them as stored too).
     pub fn of(bytes: &[u8]) -> Self {
-        let Ok(exif) = exif::Reader::new().read_from_container(&mut Cursor::new(bytes)) else {
-            return Self::Upright;
-        };
+        read_exif(bytes).map_or(Self::Upright, |(exif, _)| Self::in_exif(&exif))
+    }
+
+    /// The orientation a read Exif block records; upright when it has none.
+    pub fn in_exif(exif: &exif::Exif) -> Self {
         exif.get_field(exif::Tag::Orientation, exif::In::PRIMARY)
             .and_then(|field| field.value.get_uint(0))
             .map_or(Self::Upright, Self::from_tag)
@@ -148,6 +151,23 @@ impl Orientation {
             }
         }
         stored
+    }
+}
+
+/// An encoded image's Exif block (JPEG APP1, PNG eXIf) as far as it can be read, with why each
+/// part that could not was skipped; None when there is none or not even its header can be read.
+/// One bad part costs only itself, as in Pillow: a GPS directory without its next-directory
+/// offset (a common Python geotagging tool writes them so) or a tag declaring more values than
+/// the block holds would otherwise take the orientation and every other tag with it.
+pub fn read_exif(bytes: &[u8]) -> Option<(exif::Exif, Vec<String>)> {
+    let read = exif::Reader::new().continue_on_error(true).read_from_container(&mut Cursor::new(bytes));
+    match read {
+        Ok(exif) => Some((exif, Vec::new())),
+        Err(exif::Error::PartialResult(partial)) => {
+            let (exif, skipped) = partial.into_inner();
+            Some((exif, skipped.iter().map(ToString::to_string).collect()))
+        }
+        Err(_) => None,
     }
 }
 
@@ -252,5 +272,50 @@ mod tests {
         }
         assert_eq!(Orientation::of(b"not an image"), Orientation::Upright);
         assert_eq!(Orientation::from_tag(9), Orientation::Upright);
+    }
+
+    /// A JPEG holding `tiff` (a TIFF header and its directories) as its Exif block.
+    fn jpeg_with_exif(tiff: &[u8]) -> Vec<u8> {
+        let mut jpeg = vec![0xFF, 0xD8, 0xFF, 0xE1];
+        jpeg.extend_from_slice(&((tiff.len() + 8) as u16).to_be_bytes());
+        jpeg.extend_from_slice(b"Exif\0\0");
+        jpeg.extend_from_slice(tiff);
+        jpeg.extend_from_slice(&[0xFF, 0xD9]);
+        jpeg
+    }
+
+    #[test]
+    fn a_damaged_gps_directory_costs_only_itself() {
+        let entry = |tag: u16, kind: u16, count: u32, value: [u8; 4]| {
+            [&tag.to_le_bytes()[..], &kind.to_le_bytes(), &count.to_le_bytes(), &value].concat()
+        };
+        // IFD0 at 8: Orientation 6 and the GPS directory's offset, 8 + 2 + 2 * 12 + 4 = 38.
+        let mut tiff = b"II*\0".to_vec();
+        tiff.extend_from_slice(&8u32.to_le_bytes());
+        tiff.extend_from_slice(&2u16.to_le_bytes());
+        tiff.extend_from_slice(&entry(0x0112, 3, 1, [6, 0, 0, 0]));
+        tiff.extend_from_slice(&entry(0x8825, 4, 1, 38u32.to_le_bytes()));
+        tiff.extend_from_slice(&0u32.to_le_bytes());
+        // The GPS directory: GPSLatitudeRef "N", then the block ends where its next-directory
+        // offset should be.
+        tiff.extend_from_slice(&1u16.to_le_bytes());
+        tiff.extend_from_slice(&entry(0x0001, 2, 2, [b'N', 0, 0, 0]));
+        let jpeg = jpeg_with_exif(&tiff);
+        assert_eq!(Orientation::of(&jpeg), Orientation::TurnedRight);
+        let (exif, skipped) = read_exif(&jpeg).unwrap();
+        assert_eq!(skipped, ["Truncated next IFD offset"]);
+        let latitude_ref = exif.get_field(exif::Tag::GPSLatitudeRef, exif::In::PRIMARY).unwrap();
+        assert!(matches!(&latitude_ref.value, exif::Value::Ascii(v) if v == &[b"N".to_vec()]));
+
+        // A tag declaring 0x7fffffff rationals (16 GiB) is skipped; the one after it is read.
+        let mut tiff = b"II*\0".to_vec();
+        tiff.extend_from_slice(&8u32.to_le_bytes());
+        tiff.extend_from_slice(&2u16.to_le_bytes());
+        tiff.extend_from_slice(&entry(0x010F, 5, 0x7fff_ffff, 8u32.to_le_bytes()));
+        tiff.extend_from_slice(&entry(0x0112, 3, 1, [8, 0, 0, 0]));
+        tiff.extend_from_slice(&0u32.to_le_bytes());
+        let (exif, skipped) = read_exif(&jpeg_with_exif(&tiff)).unwrap();
+        assert_eq!((Orientation::in_exif(&exif), skipped.len()), (Orientation::TurnedLeft, 1));
+        assert!(read_exif(b"not an image").is_none());
     }
 }

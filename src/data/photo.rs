@@ -5,15 +5,18 @@
 //! GPS coordinates are read as exiftool and Pillow report them: degrees + minutes / 60 +
 //! seconds / 3600 from the three rationals, negative for the southern and western
 //! hemispheres (`GPSLatitudeRef` `S`, `GPSLongitudeRef` `W`) and below sea level
-//! (`GPSAltitudeRef` 1). A GPS block that cannot be read is "no GPS" with the reason kept, never
-//! an error: the photo's pixels are still good.
+//! (`GPSAltitudeRef` 1; any value but 0 and 1 makes the altitude unknown). A GPS block that
+//! cannot be read is "no GPS" with the reason kept, never an error: the photo's pixels are still
+//! good. Likewise a damaged part of the Exif block (a truncated directory, a tag declaring more
+//! values than the block holds) is skipped with the reason kept, and the rest of the block is
+//! read.
 
 use std::io::Cursor;
 
 use exif::{Exif, In, Tag, Value};
 use serde::{Deserialize, Serialize};
 
-use super::orientation::Orientation;
+use super::orientation::{read_exif, Orientation};
 
 /// Where a photo was taken (WGS 84, as Exif records it).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -37,21 +40,34 @@ pub struct PhotoTags {
     /// `DateTimeOriginal` as ISO 8601 (`2023-02-06T04:17:35`), with `OffsetTimeOriginal`
     /// appended when recorded (`+03:00`).
     pub captured: Option<String>,
+    /// What else of the Exif block was skipped, and why (each reported as a warning).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exif_problems: Vec<String>,
 }
 
 impl PhotoTags {
     /// The tags of an encoded image (JPEG APP1, PNG eXIf); all absent when it has no readable
     /// Exif block.
     pub fn of(bytes: &[u8]) -> PhotoTags {
-        let orientation = Orientation::of(bytes).tag();
-        let Ok(exif) = exif::Reader::new().read_from_container(&mut Cursor::new(bytes)) else {
-            return PhotoTags { orientation, ..PhotoTags::default() };
+        let Some((exif, skipped)) = read_exif(bytes) else {
+            return PhotoTags { orientation: Orientation::Upright.tag(), ..PhotoTags::default() };
         };
-        let (gps, gps_problem) = match gps_position(&exif) {
+        let mut exif_problems: Vec<String> = skipped
+            .iter()
+            .map(|why| format!("part of the Exif block skipped ({why}), the rest read"))
+            .collect();
+        let (gps, gps_problem) = match gps_position(&exif, &mut exif_problems) {
             Ok(gps) => (gps, None),
             Err(problem) => (None, Some(problem)),
         };
-        PhotoTags { orientation, gps, gps_problem, captured: capture_time(&exif) }
+        let captured = capture_time(&exif, &mut exif_problems);
+        PhotoTags {
+            orientation: Orientation::in_exif(&exif).tag(),
+            gps,
+            gps_problem,
+            captured,
+            exif_problems,
+        }
     }
 }
 
@@ -62,8 +78,8 @@ pub fn stored_size(bytes: &[u8]) -> Option<(u32, u32)> {
 }
 
 /// The GPS position, `Ok(None)` when the photo has no latitude and longitude, or why the ones
-/// it has cannot be read.
-fn gps_position(exif: &Exif) -> Result<Option<GpsPosition>, String> {
+/// it has cannot be read. An altitude that cannot be read is unknown, with why in `problems`.
+fn gps_position(exif: &Exif, problems: &mut Vec<String>) -> Result<Option<GpsPosition>, String> {
     let field = |tag| exif.get_field(tag, In::PRIMARY);
     let (latitude, longitude) = match (field(Tag::GPSLatitude), field(Tag::GPSLongitude)) {
         (None, None) => return Ok(None),
@@ -85,9 +101,18 @@ fn gps_position(exif: &Exif) -> Result<Option<GpsPosition>, String> {
             };
             let metres = values.first().ok_or("GPSAltitude is empty")?;
             let metres = rational(metres.num, metres.denom, "GPSAltitude")?;
-            // Ref 1 is below sea level; 0 or no ref is above.
-            let below = field(Tag::GPSAltitudeRef).and_then(|f| f.value.get_uint(0)) == Some(1);
-            Some(if below { -metres } else { metres })
+            // Ref 0 is above sea level, 1 below; without a ref, above (as exiftool reads it).
+            match field(Tag::GPSAltitudeRef).map(|f| f.value.get_uint(0)) {
+                None | Some(Some(0)) => Some(metres),
+                Some(Some(1)) => Some(-metres),
+                Some(other) => {
+                    let value = other.map_or("not a number".to_string(), |v| v.to_string());
+                    problems.push(format!(
+                        "GPSAltitudeRef is {value}, not 0 (above sea level) or 1 (below): altitude unknown"
+                    ));
+                    None
+                }
+            }
         }
     };
     Ok(Some(GpsPosition { latitude, longitude, altitude }))
@@ -124,32 +149,78 @@ fn hemisphere(value: Option<&Value>, tag: &str, positive: u8, negative: u8) -> R
     }
 }
 
-/// `DateTimeOriginal` (`YYYY:MM:DD HH:MM:SS`) as ISO 8601, with `OffsetTimeOriginal`.
-fn capture_time(exif: &Exif) -> Option<String> {
+/// `DateTimeOriginal` (`YYYY:MM:DD HH:MM:SS`) as ISO 8601, with `OffsetTimeOriginal`. One that
+/// is no date and time (`2023:02:30 25:61:61`) is left out, with why in `problems`, rather than
+/// passed on as a valid-looking ISO time; so is an offset that is no UTC offset.
+fn capture_time(exif: &Exif, problems: &mut Vec<String>) -> Option<String> {
     let ascii = |tag| match exif.get_field(tag, In::PRIMARY).map(|f| &f.value) {
         Some(Value::Ascii(strings)) => strings.first().map(|s| String::from_utf8_lossy(s).trim().to_string()),
         _ => None,
     };
     let stamp = ascii(Tag::DateTimeOriginal)?;
+    if is_unknown(&stamp) {
+        return None;
+    }
+    let Some(mut iso) = iso_date_time(&stamp) else {
+        problems.push(format!("DateTimeOriginal {stamp:?} is no date and time: no capture time"));
+        return None;
+    };
+    if let Some(offset) = ascii(Tag::OffsetTimeOriginal).filter(|o| !is_unknown(o)) {
+        if is_utc_offset(&offset) {
+            iso.push_str(&offset);
+        } else {
+            problems.push(format!("OffsetTimeOriginal {offset:?} is no UTC offset: capture time without it"));
+        }
+    }
+    Some(iso)
+}
+
+/// Exif's "unknown" date, time or offset: blanks or zeros where the digits go
+/// (`0000:00:00 00:00:00`), or nothing.
+fn is_unknown(text: &str) -> bool {
+    text.bytes().all(|b| matches!(b, b' ' | b'0' | b':'))
+}
+
+/// `YYYY:MM:DD HH:MM:SS` as `YYYY-MM-DDTHH:MM:SS`, when it is a day of the (proleptic
+/// Gregorian) calendar and a time of day.
+fn iso_date_time(stamp: &str) -> Option<String> {
     let bytes = stamp.as_bytes();
     let shaped = bytes.len() == 19
         && bytes.iter().enumerate().all(|(i, &b)| match i {
-            4 | 7 => b == b':',
+            4 | 7 | 13 | 16 => b == b':',
             10 => b == b' ',
-            13 | 16 => b == b':',
             _ => b.is_ascii_digit(),
         });
     if !shaped {
         return None;
     }
-    let mut iso = format!("{}-{}-{}T{}", &stamp[0..4], &stamp[5..7], &stamp[8..10], &stamp[11..19]);
-    if let Some(offset) = ascii(Tag::OffsetTimeOriginal) {
-        let o = offset.as_bytes();
-        if o.len() == 6 && (o[0] == b'+' || o[0] == b'-') && o[3] == b':' {
-            iso.push_str(&offset);
-        }
+    let number = |range: std::ops::Range<usize>| stamp[range].parse::<u32>().ok();
+    let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
+    let (hour, minute, second) = (number(11..13)?, number(14..16)?, number(17..19)?);
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let days = match month {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return None,
+    };
+    if !(1..=days).contains(&day) || hour > 23 || minute > 59 || second > 59 {
+        return None;
     }
-    Some(iso)
+    Some(format!("{}-{}-{}T{}", &stamp[0..4], &stamp[5..7], &stamp[8..10], &stamp[11..19]))
+}
+
+/// `+HH:MM` or `-HH:MM`, within the offsets in use (-12:00 to +14:00).
+fn is_utc_offset(offset: &str) -> bool {
+    let o = offset.as_bytes();
+    let shaped = o.len() == 6
+        && (o[0] == b'+' || o[0] == b'-')
+        && o[3] == b':'
+        && [1, 2, 4, 5].iter().all(|&i| o[i].is_ascii_digit());
+    shaped
+        && offset[1..3].parse::<u32>().is_ok_and(|h| h <= 14)
+        && offset[4..6].parse::<u32>().is_ok_and(|m| m <= 59)
 }
 
 #[cfg(test)]
@@ -164,6 +235,35 @@ mod tests {
         assert_eq!(hemisphere(Some(&ascii("w")), "r", b'E', b'W'), Ok(-1.0));
         assert!(hemisphere(Some(&ascii("X")), "r", b'E', b'W').unwrap_err().contains("'X'"));
         assert!(hemisphere(None, "GPSLatitudeRef", b'N', b'S').unwrap_err().contains("GPSLatitudeRef"));
+    }
+
+    #[test]
+    fn only_a_day_of_the_calendar_and_a_time_of_day_is_a_capture_time() {
+        assert_eq!(iso_date_time("2023:02:06 04:17:35").as_deref(), Some("2023-02-06T04:17:35"));
+        assert_eq!(iso_date_time("2024:02:29 23:59:59").as_deref(), Some("2024-02-29T23:59:59"));
+        for impossible in [
+            "2023:02:30 25:61:61",
+            "2023:02:29 12:00:00",
+            "1900:02:29 12:00:00",
+            "2023:13:01 12:00:00",
+            "2023:04:31 12:00:00",
+            "2023:01:00 12:00:00",
+            "2023:01:01 24:00:00",
+            "2023:01:01 12:60:00",
+            "2023:01:01 12:00:60",
+            "2023-01-01 12:00:00",
+            "2023:01:01 12:00",
+        ] {
+            assert_eq!(iso_date_time(impossible), None, "{impossible}");
+        }
+        assert!(is_unknown("0000:00:00 00:00:00") && is_unknown("    :  :     :  :  ") && is_unknown(""));
+        assert!(is_utc_offset("+03:00") && is_utc_offset("-12:00") && is_utc_offset("+14:00"));
+        assert!(
+            !is_utc_offset("+ab:cd")
+                && !is_utc_offset("+15:00")
+                && !is_utc_offset("03:00")
+                && !is_utc_offset("+03:60")
+        );
     }
 
     #[test]

@@ -523,6 +523,9 @@ fn describe_file(inputs: &Inputs, index: usize) -> (Record, Option<FileStamp>) {
     if let Some(problem) = &source.tags.gps_problem {
         tracing::warn!("{name}: GPS block not read ({problem}): no position");
     }
+    for problem in &source.tags.exif_problems {
+        tracing::warn!("{name}: {problem}");
+    }
     let size = source.width.zip(source.height);
     (Record::new(name, Some(source.sha256), size, Some(&source.tags)), stamp)
 }
