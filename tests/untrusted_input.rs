@@ -739,3 +739,95 @@ fn a_manifest_from_elsewhere_reads_only_inside_its_run_and_is_validated() {
     assert!(stdout.contains("the original ran 9.9.9"), "{stdout}");
     assert!(stdout.contains("reproduced"), "{stdout}");
 }
+
+// --- Issue 50, publish ---
+
+/// The files under `dir`, relative to it, '/'-separated, no link followed; empty when `dir`
+/// does not exist.
+fn files_below(dir: &Path) -> std::collections::BTreeSet<String> {
+    let mut found = std::collections::BTreeSet::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&next) else { continue };
+        for entry in entries {
+            let entry = entry.unwrap();
+            match entry.file_type().unwrap().is_dir() {
+                true => pending.push(entry.path()),
+                false => {
+                    found.insert(entry.path().strip_prefix(dir).unwrap().to_string_lossy().into_owned());
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The entries of `dir` whose names start with `prefix`.
+fn named_like(dir: &Path, prefix: &str) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with(prefix))
+        .collect()
+}
+
+/// Case 50.8: `publish` carried every file of `evaluation/` and `tensorboard/` (a hidden
+/// `.env`, notes) into the public bundle, and followed a linked `tensorboard/` out of the run
+/// (a key file from elsewhere was published). Only the files rtrain wrote are carried, by name;
+/// a link anywhere in what is carried is refused, naming it, and no bundle is left.
+#[test]
+fn publish_carries_only_what_rtrain_wrote_and_follows_no_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let trained = train_tiny(dir.path(), &data, "run", &[]);
+    assert!(trained.status.success(), "{}", text(&trained.stderr));
+    let run = dir.path().join("run");
+    let carried_dirs = |file: &String| file.starts_with("evaluation/") || file.starts_with("tensorboard/");
+    let written: std::collections::BTreeSet<String> =
+        files_below(&run).into_iter().filter(carried_dirs).collect();
+    assert!(written.contains("evaluation/metrics.json"), "{written:?}");
+    assert!(written.iter().any(|f| f.starts_with("tensorboard/events.out.tfevents.")), "{written:?}");
+    let secret = "SECRET_TOKEN=hunter2";
+    for private in ["evaluation/.env", "evaluation/notes.txt", "tensorboard/.env", "tensorboard/notes.md"] {
+        std::fs::write(run.join(private), secret).unwrap();
+    }
+    let publish = |args: &[&str]| common::rtrain(dir.path()).arg("publish").args(args).output().unwrap();
+
+    let published = publish(&["run", "--out", "bundle"]);
+    assert!(published.status.success(), "{}", text(&published.stderr));
+    let bundle = dir.path().join("bundle");
+    let carried: std::collections::BTreeSet<String> =
+        files_below(&bundle.join("runs/run")).into_iter().filter(carried_dirs).collect();
+    assert_eq!(
+        carried, written,
+        "the bundle carries rtrain's files of evaluation/ and tensorboard/, no other"
+    );
+    for file in files_below(&bundle) {
+        let bytes = std::fs::read(bundle.join(&file)).unwrap();
+        assert!(!text(&bytes).contains("hunter2"), "{file} carries the private file");
+    }
+
+    // Links out of the run: a directory, then a file.
+    let outside = dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("id_ed25519"), secret).unwrap();
+    std::fs::write(outside.join("events.out.tfevents.1.elsewhere.rtrain"), secret).unwrap();
+    let refused = |out: &str, named: &str| {
+        let output = publish(&["run", "--out", out]);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{named}: {stderr}");
+        assert!(stderr.contains(named) && stderr.contains("symbolic link"), "{stderr}");
+        assert!(!dir.path().join(out).exists(), "{out} was written");
+        assert_eq!(named_like(dir.path(), ".publish-"), Vec::<String>::new(), "staging left behind");
+    };
+    std::fs::rename(run.join("tensorboard"), dir.path().join("tensorboard-real")).unwrap();
+    std::os::unix::fs::symlink(&outside, run.join("tensorboard")).unwrap();
+    refused("bundle-dir-link", "tensorboard");
+    std::fs::remove_file(run.join("tensorboard")).unwrap();
+    std::fs::rename(dir.path().join("tensorboard-real"), run.join("tensorboard")).unwrap();
+    std::fs::rename(run.join("evaluation/report.md"), dir.path().join("report.md")).unwrap();
+    std::os::unix::fs::symlink(outside.join("id_ed25519"), run.join("evaluation/report.md")).unwrap();
+    refused("bundle-file-link", "report.md");
+    std::fs::remove_file(run.join("evaluation/report.md")).unwrap();
+    std::fs::rename(dir.path().join("report.md"), run.join("evaluation/report.md")).unwrap();
+}

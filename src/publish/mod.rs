@@ -7,8 +7,11 @@
 //! `sha256sum -c` checks. `rtrain verify DIR` checks a bundle (verify.rs).
 //!
 //! A run is copied only as its manifest recorded it: weights whose sha256 differs from the one
-//! the run wrote are refused. The bundle is built in a temporary directory beside `DIR` and
-//! renamed into place, so an interrupted publish leaves no half-written bundle under the name.
+//! the run wrote are refused. Only the files rtrain wrote are carried, by their names (a
+//! person's notes or a hidden `.env` in `evaluation/` stay behind), and a symbolic link among
+//! them is refused, never followed out of the run. The bundle is built in a temporary
+//! directory beside `DIR` and renamed into place, so an interrupted publish leaves no
+//! half-written bundle under the name.
 
 mod citation;
 mod model_card;
@@ -21,10 +24,10 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::report::evaluation::Evaluated;
+use crate::report::evaluation::{self, Evaluated};
 use crate::report::runs::{self, RunData, RunReportError, SeedStatistics};
 use crate::run_dir::manifest::{self, Manifest, ManifestError};
-use crate::run_dir::RunPaths;
+use crate::run_dir::{tensorboard, RunPaths};
 use crate::util::files::{self, FileError};
 
 pub use verify::{is_bundle, verify};
@@ -41,11 +44,10 @@ const LISTING_LIMIT: u64 = 256 << 20;
 const RUNS_DIR: &str = "runs";
 const REPORT_DIR: &str = "report";
 
-/// The files of a run directory a bundle carries beside its weights, and the directories whose
-/// files it carries. Step checkpoints stay behind (the best and the final weights are what a
-/// reader uses; the manifest still lists every checkpoint's sha256).
+/// The files of a run directory a bundle carries beside its weights, the best checkpoint's
+/// evaluation and the TensorBoard event files. Step checkpoints stay behind (the best and the
+/// final weights are what a reader uses; the manifest still lists every checkpoint's sha256).
 const RUN_FILES: [&str; 4] = ["manifest.json", "config.toml", "metrics.jsonl", "summary.json"];
-const RUN_DIRS: [&str; 2] = ["evaluation", "tensorboard"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
@@ -59,6 +61,8 @@ pub enum PublishError {
     SameName { first: PathBuf, second: PathBuf, name: String },
     #[error("{}: {problem}", path.display())]
     Unlistable { path: PathBuf, problem: &'static str },
+    #[error("{}: a symbolic link: a bundle carries no file from outside its runs; replace it with the directory it points to, or remove it", .0.display())]
+    Link(PathBuf),
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
@@ -322,16 +326,11 @@ fn copy_run(source: &Path, root: &Path, name: String) -> Result<BundledRun, Publ
     if let Some(sha256) = manifest.checkpoints.get(&best) {
         wanted.push((best, Some(sha256.clone())));
     }
-    for dir in RUN_DIRS {
-        let Ok(entries) = std::fs::read_dir(source.join(dir)) else { continue };
-        let mut names: Vec<String> = entries
-            .filter_map(Result::ok)
-            .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_file()))
-            .filter(|entry| !files::is_stale_temporary(&entry.file_name()))
-            .map(|entry| entry.file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        wanted.extend(names.into_iter().map(|file| (format!("{dir}/{file}"), None)));
+    let evaluated = written_files(&paths.evaluation(), |name| evaluation::WRITTEN_FILES.contains(&name))?;
+    let events = written_files(&paths.tensorboard(), tensorboard::is_event_file)?;
+    for (dir, names) in [(paths.evaluation(), evaluated), (paths.tensorboard(), events)] {
+        let relative = paths.relative(&dir);
+        wanted.extend(names.into_iter().map(|file| (format!("{relative}/{file}"), None)));
     }
 
     let dest = root.join(RUNS_DIR).join(&name);
@@ -339,7 +338,7 @@ fn copy_run(source: &Path, root: &Path, name: String) -> Result<BundledRun, Publ
     for (relative, recorded) in wanted {
         let bundle_path = format!("{RUNS_DIR}/{name}/{relative}");
         check_listable(&bundle_path, &source.join(&relative))?;
-        let file = copy_file(&source.join(&relative), &dest.join(&relative), bundle_path)?;
+        let file = copy_file(source, Path::new(&relative), &dest.join(&relative), bundle_path)?;
         if let Some(recorded) = recorded.filter(|recorded| *recorded != file.sha256) {
             return Err(PublishError::Changed {
                 file: source.join(&relative),
@@ -350,13 +349,44 @@ fn copy_run(source: &Path, root: &Path, name: String) -> Result<BundledRun, Publ
         }
         copied.push(file);
     }
+    // Read from the bundle's copy: what was carried, not whatever the run's directory holds.
     let evaluation_dir = paths.evaluation();
-    let evaluation = match Evaluated::read(&evaluation_dir) {
+    let carried = dest.join(paths.relative(&evaluation_dir));
+    let evaluation = match Evaluated::read(&carried) {
         Ok(evaluation) => Some(evaluation),
-        Err(_) if !evaluation_dir.exists() => None,
+        Err(_) if !carried.exists() => None,
         Err(source) => return Err(PublishError::Evaluation { path: evaluation_dir, source }),
     };
     Ok(BundledRun { name, source: source.to_path_buf(), manifest, evaluation, files: copied })
+}
+
+/// The names of the files in the run's `dir` (`evaluation/`, `tensorboard/`) that rtrain wrote
+/// there (`written`), sorted; none without such a directory. Whatever else it holds (notes, a
+/// hidden `.env`, another tool's files) stays behind, and a directory that is a symbolic link
+/// is refused: it would carry files from outside the run.
+fn written_files(dir: &Path, written: impl Fn(&str) -> bool) -> Result<Vec<String>, PublishError> {
+    match dir.symlink_metadata() {
+        Ok(meta) if meta.file_type().is_symlink() => return Err(PublishError::Link(dir.to_path_buf())),
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => return Ok(Vec::new()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(PublishError::Io { path: dir.to_path_buf(), source }),
+    }
+    let entries =
+        std::fs::read_dir(dir).map_err(|source| PublishError::Io { path: dir.to_path_buf(), source })?;
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| PublishError::Io { path: dir.to_path_buf(), source })?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        match written(&name) {
+            true => names.push(name),
+            false => {
+                tracing::info!("{}: not a file rtrain wrote; left out of the bundle", entry.path().display())
+            }
+        }
+    }
+    names.sort();
+    Ok(names)
 }
 
 /// Refuses a bundle path that SHA256SUMS or an RO-Crate identifier could not hold as it is,
@@ -372,12 +402,18 @@ fn check_listable(bundle_path: &str, source: &Path) -> Result<(), PublishError> 
     Ok(())
 }
 
-/// Copies the regular file `from` to `to` (a new file), hashing what it copies, and flushes it
-/// to disk.
-fn copy_file(from: &Path, to: &Path, bundle_path: String) -> Result<BundleFile, PublishError> {
-    let read_error = |source| PublishError::Io { path: from.to_path_buf(), source };
+/// Copies the regular file `run/relative` to `to` (a new file), hashing what it copies, and
+/// flushes it to disk. A link anywhere below `run` is refused, never followed.
+fn copy_file(
+    run: &Path,
+    relative: &Path,
+    to: &Path,
+    bundle_path: String,
+) -> Result<BundleFile, PublishError> {
+    let from = run.join(relative);
+    let read_error = |source| PublishError::Io { path: from.clone(), source };
     let write_error = |source| PublishError::Io { path: to.to_path_buf(), source };
-    let (mut input, _) = files::open_regular(from).map_err(read_error)?;
+    let (mut input, _) = files::open_regular_below(run, relative).map_err(read_error)?;
     if let Some(dir) = to.parent() {
         std::fs::create_dir_all(dir).map_err(write_error)?;
     }

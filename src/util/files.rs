@@ -412,6 +412,60 @@ pub fn open_regular(path: &Path) -> std::io::Result<(std::fs::File, std::fs::Met
     }
 }
 
+/// Opens `root/relative` for reading as [`open_regular`] does, but follows no symbolic link
+/// below `root`: a file of a run directory or bundle that is a link, or lies in a linked
+/// directory, would carry or vouch for a file from elsewhere (`MODEL_CARD.md -> /etc/passwd`).
+/// `root` itself may be a link (the path the user named). Each part is looked at without
+/// following it, and the file is opened with `O_NOFOLLOW` besides.
+///
+/// # Errors
+/// As [`open_regular`], or `InvalidInput` naming the part that is a symbolic link.
+pub fn open_regular_below(
+    root: &Path,
+    relative: &Path,
+) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let refuse = |problem: String| Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, problem));
+    let mut below = PathBuf::new();
+    for part in relative.components() {
+        let std::path::Component::Normal(part) = part else {
+            return refuse(format!("{} is not a plain path below {}", relative.display(), root.display()));
+        };
+        below.push(part);
+        if root.join(&below).symlink_metadata()?.file_type().is_symlink() {
+            return refuse(format!(
+                "{} is a symbolic link: not followed out of {}",
+                below.display(),
+                root.display()
+            ));
+        }
+    }
+    let path = root.join(relative);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(&path)?;
+    let metadata = file.metadata()?;
+    match not_regular(&metadata) {
+        None => Ok((file, metadata)),
+        Some(what) => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{what}, not a regular file: only regular files are read"),
+        )),
+    }
+}
+
+/// sha256 of the regular file `root/relative`, no link below `root` followed
+/// ([`open_regular_below`]), hex encoded.
+pub fn sha256_below(root: &Path, relative: &Path) -> Result<String, FileError> {
+    let path = root.join(relative);
+    let io = |source| FileError::Io { path: path.clone(), source };
+    let (mut file, _) = open_regular_below(root, relative).map_err(io)?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher).map_err(io)?;
+    Ok(hex::encode(hasher.finalize()))
+}
+
 /// What a file is when it is not a regular file ("a FIFO", "a character device", ...); `None`
 /// for a regular file.
 pub fn not_regular(metadata: &std::fs::Metadata) -> Option<&'static str> {
