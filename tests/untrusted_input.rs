@@ -775,6 +775,9 @@ fn named_like(dir: &Path, prefix: &str) -> Vec<String> {
 /// `.env`, notes) into the public bundle, and followed a linked `tensorboard/` out of the run
 /// (a key file from elsewhere was published). Only the files rtrain wrote are carried, by name;
 /// a link anywhere in what is carried is refused, naming it, and no bundle is left.
+/// Case 50.9: `verify` and `publish --seal` followed a listed file that is a link out of the
+/// bundle (`MODEL_CARD.md -> /etc/passwd`: sealed, then verified "ok"); both refuse it now, as
+/// they do a linked directory holding files the listing names.
 #[test]
 fn publish_carries_only_what_rtrain_wrote_and_follows_no_link() {
     let dir = tempfile::tempdir().unwrap();
@@ -830,4 +833,38 @@ fn publish_carries_only_what_rtrain_wrote_and_follows_no_link() {
     refused("bundle-file-link", "report.md");
     std::fs::remove_file(run.join("evaluation/report.md")).unwrap();
     std::fs::rename(dir.path().join("report.md"), run.join("evaluation/report.md")).unwrap();
+
+    // Case 50.9: a listed file of the bundle replaced by a link out of it.
+    let card = bundle.join("MODEL_CARD.md");
+    let metadata = std::fs::read(bundle.join("ro-crate-metadata.json")).unwrap();
+    std::fs::rename(&card, dir.path().join("MODEL_CARD.md")).unwrap();
+    std::os::unix::fs::symlink(outside.join("id_ed25519"), &card).unwrap();
+    let sealed = publish(&["--seal", "bundle"]);
+    let stderr = text(&sealed.stderr);
+    assert_eq!(sealed.status.code(), Some(1), "sealed a link: {stderr}");
+    assert!(stderr.contains("MODEL_CARD.md") && stderr.contains("symbolic link"), "{stderr}");
+    assert_eq!(std::fs::read(bundle.join("ro-crate-metadata.json")).unwrap(), metadata, "sealed anyway");
+    let verify = || common::rtrain(dir.path()).args(["verify", "bundle"]).output().unwrap();
+    let verified = verify();
+    let stdout = text(&verified.stdout);
+    assert_eq!(verified.status.code(), Some(1), "verified a link: {stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| !l.starts_with("ok") && l.contains("MODEL_CARD.md") && l.contains("symbolic link")),
+        "{stdout}"
+    );
+    std::fs::remove_file(&card).unwrap();
+    std::fs::rename(dir.path().join("MODEL_CARD.md"), &card).unwrap();
+    assert!(verify().status.success(), "{}", text(&verify().stdout));
+    // A linked directory holding the very files the listing names is no better.
+    let evaluation = bundle.join("runs/run/evaluation");
+    std::fs::rename(&evaluation, dir.path().join("evaluation-copy")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("evaluation-copy"), &evaluation).unwrap();
+    let verified = verify();
+    let stdout = text(&verified.stdout);
+    assert_eq!(verified.status.code(), Some(1), "verified through a linked directory: {stdout}");
+    assert!(stdout.contains("runs/run/evaluation is a symbolic link"), "{stdout}");
+    let sealed = publish(&["--seal", "bundle"]);
+    assert_eq!(sealed.status.code(), Some(1), "sealed through a linked directory: {}", text(&sealed.stderr));
 }
