@@ -868,3 +868,58 @@ fn publish_carries_only_what_rtrain_wrote_and_follows_no_link() {
     let sealed = publish(&["--seal", "bundle"]);
     assert_eq!(sealed.status.code(), Some(1), "sealed through a linked directory: {}", text(&sealed.stderr));
 }
+
+/// Case 50.11: `train --overwrite` deleted `checkpoints/`, `evaluation/` and `tensorboard/`
+/// whole, with files rtrain never wrote in them (a user's copy of the model, notes, an edited
+/// figure saved beside the original, another run's TensorBoard directory), against the README's
+/// "deleting that run's files by name, nothing else". The earlier run's files are deleted by
+/// their names now (its step checkpoints, its event file), and the rest is kept.
+#[test]
+fn overwrite_deletes_only_the_earlier_runs_files_and_files_honour_the_umask() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let first = train_tiny(dir.path(), &data, "run", &[]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let run = dir.path().join("run");
+    let theirs = [
+        "checkpoints/my-model.safetensors",
+        "checkpoints/notes.txt",
+        "evaluation/notes.md",
+        "evaluation/confusion-edited.svg",
+        "tensorboard/other-run/events.out.tfevents.1700000000.otherhost",
+        "tensorboard/events.out.tfevents.1700000000.otherhost.12345.0",
+    ];
+    for file in theirs {
+        std::fs::create_dir_all(run.join(file).parent().unwrap()).unwrap();
+        std::fs::write(run.join(file), "theirs").unwrap();
+    }
+    // A step checkpoint of the earlier run that the new one does not write again.
+    let steps = named_like(&run.join("checkpoints"), "step-");
+    assert!(!steps.is_empty());
+    let old_step = run.join("checkpoints/step-000000999.safetensors");
+    std::fs::copy(run.join("checkpoints").join(&steps[0]), &old_step).unwrap();
+    let rtrain_events = || {
+        let mut names = named_like(&run.join("tensorboard"), "events.out.tfevents.");
+        names.retain(|name| name.ends_with(".rtrain"));
+        names
+    };
+    assert_eq!(rtrain_events().len(), 1);
+
+    let replaced = std::process::Command::new("sh")
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .args(["-c", "umask 027 && exec \"$0\" \"$@\""])
+        .arg(assert_cmd::cargo::cargo_bin("rtrain"))
+        .args(["train", "--run-dir", "run", "--overwrite"])
+        .args(["--set", &format!("data.root={:?}", data.display().to_string())])
+        .args(["--set", "data.image_size=32", "--set", "data.batch_size=4", "--set", "train.threads=1"])
+        .args(["--set", "train.epochs=1"])
+        .output()
+        .unwrap();
+    assert!(replaced.status.success(), "{}", text(&replaced.stderr));
+    for file in theirs {
+        assert_eq!(std::fs::read_to_string(run.join(file)).ok().as_deref(), Some("theirs"), "{file} deleted");
+    }
+    assert!(!old_step.exists(), "the earlier run's step checkpoint is still there");
+    assert_eq!(rtrain_events().len(), 1, "the earlier run's event file is still there");
+}
