@@ -778,6 +778,8 @@ fn named_like(dir: &Path, prefix: &str) -> Vec<String> {
 /// Case 50.9: `verify` and `publish --seal` followed a listed file that is a link out of the
 /// bundle (`MODEL_CARD.md -> /etc/passwd`: sealed, then verified "ok"); both refuse it now, as
 /// they do a linked directory holding files the listing names.
+/// Case 50.13: runs with different class sets made one model card of "4 classes" with a
+/// per-class table "over 2 runs" that only one run had; they are refused, naming both.
 #[test]
 fn publish_carries_only_what_rtrain_wrote_and_follows_no_link() {
     let dir = tempfile::tempdir().unwrap();
@@ -867,6 +869,29 @@ fn publish_carries_only_what_rtrain_wrote_and_follows_no_link() {
     assert!(stdout.contains("runs/run/evaluation is a symbolic link"), "{stdout}");
     let sealed = publish(&["--seal", "bundle"]);
     assert_eq!(sealed.status.code(), Some(1), "sealed through a linked directory: {}", text(&sealed.stderr));
+
+    // Case 50.13: a run of two of the four classes beside the run of four.
+    let two = dir.path().join("two-classes");
+    for split in ["train", "val"] {
+        let mut classes: Vec<_> =
+            std::fs::read_dir(data.join(split)).unwrap().map(|e| e.unwrap().path()).collect();
+        classes.sort();
+        for class in &classes[..2] {
+            let to = two.join(split).join(class.file_name().unwrap());
+            std::fs::create_dir_all(&to).unwrap();
+            for image in std::fs::read_dir(class).unwrap() {
+                let image = image.unwrap().path();
+                std::fs::copy(&image, to.join(image.file_name().unwrap())).unwrap();
+            }
+        }
+    }
+    let trained = train_tiny(dir.path(), &two, "run-two", &[]);
+    assert!(trained.status.success(), "{}", text(&trained.stderr));
+    let mixed = publish(&["run", "run-two", "--out", "bundle-mixed"]);
+    let stderr = text(&mixed.stderr);
+    assert_eq!(mixed.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("run-two") && stderr.contains("classes"), "{stderr}");
+    assert!(!dir.path().join("bundle-mixed").exists());
 }
 
 /// Case 50.11: `train --overwrite` deleted `checkpoints/`, `evaluation/` and `tensorboard/`

@@ -9,9 +9,9 @@
 //! A run is copied only as its manifest recorded it: weights whose sha256 differs from the one
 //! the run wrote are refused. Only the files rtrain wrote are carried, by their names (a
 //! person's notes or a hidden `.env` in `evaluation/` stay behind), and a symbolic link among
-//! them is refused, never followed out of the run. The bundle is built in a temporary
-//! directory beside `DIR` and renamed into place, so an interrupted publish leaves no
-//! half-written bundle under the name.
+//! them is refused, never followed out of the run. Runs of different class sets are refused:
+//! the model card describes one. The bundle is built in a temporary directory beside `DIR` and
+//! renamed into place, so an interrupted publish leaves no half-written bundle under the name.
 
 mod citation;
 mod model_card;
@@ -63,6 +63,8 @@ pub enum PublishError {
     Unlistable { path: PathBuf, problem: &'static str },
     #[error("{}: a symbolic link: a bundle carries no file from outside its runs; replace it with the directory it points to, or remove it", .0.display())]
     Link(PathBuf),
+    #[error("runs {} and {} classify different classes ({first_classes} and {second_classes}): one bundle, one model card, describes runs of one class set; publish them apart", first.display(), second.display())]
+    DifferentClasses { first: PathBuf, first_classes: String, second: PathBuf, second_classes: String },
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
@@ -192,7 +194,9 @@ pub fn publish(runs: &[PathBuf], out: &Path, authorship: Authorship) -> Result<B
     let names = bundle_names(runs)?;
     let mut bundled = Vec::new();
     for (source, name) in runs.iter().zip(names) {
-        bundled.push(copy_run(source, root, name)?);
+        let run = copy_run(source, root, name)?;
+        check_same_classes(bundled.first().unwrap_or(&run), &run)?;
+        bundled.push(run);
     }
 
     let mut report_runs = Vec::new();
@@ -389,6 +393,23 @@ fn written_files(dir: &Path, written: impl Fn(&str) -> bool) -> Result<Vec<Strin
     }
     names.sort();
     Ok(names)
+}
+
+/// Refuses a run whose classes (names, in the order of the model's outputs) are not the first
+/// run's: the model card, the report's per-class tables and the title describe one class set.
+fn check_same_classes(first: &BundledRun, run: &BundledRun) -> Result<(), PublishError> {
+    let classes =
+        |run: &BundledRun| run.manifest.data.first().map(|split| split.classes.clone()).unwrap_or_default();
+    let (expected, found) = (classes(first), classes(run));
+    if expected == found {
+        return Ok(());
+    }
+    Err(PublishError::DifferentClasses {
+        first: first.source.clone(),
+        first_classes: expected.join(", "),
+        second: run.source.clone(),
+        second_classes: found.join(", "),
+    })
 }
 
 /// Refuses a bundle path that SHA256SUMS or an RO-Crate identifier could not hold as it is,
