@@ -894,11 +894,21 @@ fn publish_carries_only_what_rtrain_wrote_and_follows_no_link() {
     assert!(!dir.path().join("bundle-mixed").exists());
 }
 
+/// The mode bits of `path` (without its type).
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
 /// Case 50.11: `train --overwrite` deleted `checkpoints/`, `evaluation/` and `tensorboard/`
 /// whole, with files rtrain never wrote in them (a user's copy of the model, notes, an edited
 /// figure saved beside the original, another run's TensorBoard directory), against the README's
 /// "deleting that run's files by name, nothing else". The earlier run's files are deleted by
 /// their names now (its step checkpoints, its event file), and the rest is kept.
+/// And the umask: every file written atomically (config, manifest, summary, weights,
+/// checkpoints, evaluation/, tensorboard/) was 0600 whatever the umask, so a project group
+/// could not read a shared run directory. They are made as a plain write makes them: under
+/// umask 027, 0640.
 #[test]
 fn overwrite_deletes_only_the_earlier_runs_files_and_files_honour_the_umask() {
     let dir = tempfile::tempdir().unwrap();
@@ -947,4 +957,26 @@ fn overwrite_deletes_only_the_earlier_runs_files_and_files_honour_the_umask() {
     }
     assert!(!old_step.exists(), "the earlier run's step checkpoint is still there");
     assert_eq!(rtrain_events().len(), 1, "the earlier run's event file is still there");
+
+    let step = format!("checkpoints/{}", named_like(&run.join("checkpoints"), "step-")[0]);
+    let events = format!("tensorboard/{}", rtrain_events()[0]);
+    let written = [
+        "config.toml",
+        "manifest.json",
+        "metrics.jsonl",
+        "summary.json",
+        "model.safetensors",
+        "checkpoints/best.safetensors",
+        &step,
+        "evaluation/metrics.json",
+        "evaluation/report.md",
+        &events,
+    ];
+    let wrong: Vec<String> = written
+        .iter()
+        .map(|file| (file, mode(&run.join(file))))
+        .filter(|(_, mode)| *mode != 0o640)
+        .map(|(file, mode)| format!("{file} {mode:o}"))
+        .collect();
+    assert!(wrong.is_empty(), "not 0640 under umask 027: {wrong:?}");
 }

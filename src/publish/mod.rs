@@ -220,7 +220,7 @@ pub fn publish(runs: &[PathBuf], out: &Path, authorship: Authorship) -> Result<B
     write_checksums(root)?;
 
     // Archives and group directories on a cluster need to read it: a temporary directory is
-    // private (0700), and atomic writes make private files.
+    // private (0700), and files follow the umask, which may be private too.
     make_readable(root)?;
     // Replaces `out` if it is an empty directory (check_out refused anything else).
     std::fs::rename(root, out).map_err(|source| PublishError::Io { path: out.to_path_buf(), source })?;

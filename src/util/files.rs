@@ -7,7 +7,8 @@
 //!
 //! Every write goes to a temporary file in the destination's directory, is flushed to disk,
 //! and is then renamed over the final name, so a crash or a full disk leaves the previous
-//! file (or none) in place, never a torn one.
+//! file (or none) in place, never a torn one. The file gets the mode a plain write would give
+//! it (the umask honoured), not a temporary file's private one.
 //!
 //! Every `.safetensors` file rtrain writes carries a sha256 of its header metadata and tensors
 //! ([`DIGEST_KEY`]), and every read checks it: a byte that changed after the write (a failing
@@ -112,6 +113,10 @@ pub fn is_stale_temporary(name: &std::ffi::OsStr) -> bool {
     })
 }
 
+/// The mode `open(2)` is asked for by a plain write (`std::fs::write`, `File::create`): the
+/// kernel takes the umask (or a directory's default ACL) away from it.
+const PLAIN_WRITE_MODE: u32 = 0o666;
+
 /// Writes the concatenation of `parts` to `path` atomically, as [`write_atomic`]; returns the
 /// sha256 of what it wrote (hashed from memory, so the file need not be read back for it).
 fn write_atomic_parts(path: &Path, parts: &[&[u8]]) -> Result<String, FileError> {
@@ -121,9 +126,13 @@ fn write_atomic_parts(path: &Path, parts: &[&[u8]]) -> Result<String, FileError>
         _ => Path::new("."),
     };
     std::fs::create_dir_all(dir).map_err(io)?;
+    // Created with the mode a plain write asks for (0666, less the umask, as the kernel applies
+    // it at the open), not a temporary file's private 0600: a run directory or bundle shared
+    // with a project group is as readable as the group's umask says.
     let mut file = tempfile::Builder::new()
         .prefix(TEMPORARY_PREFIX)
         .rand_bytes(TEMPORARY_RANDOM_CHARS)
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(PLAIN_WRITE_MODE))
         .tempfile_in(dir)
         .map_err(io)?;
     let mut hasher = Sha256::new();
@@ -680,6 +689,19 @@ mod tests {
         std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
         let err = read_safetensors(&path).err().unwrap().to_string();
         assert!(err.contains("t.safetensors"), "{err}");
+    }
+
+    /// An atomic write's file has a plain write's mode, whatever the umask (a temporary file's
+    /// own is 0600).
+    #[test]
+    fn atomic_writes_make_files_as_a_plain_write_does() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mode =
+            |name: &str| std::fs::metadata(dir.path().join(name)).unwrap().permissions().mode() & 0o777;
+        std::fs::write(dir.path().join("plain"), b"x").unwrap();
+        write_atomic(&dir.path().join("atomic"), b"x").unwrap();
+        assert_eq!(mode("atomic"), mode("plain"));
     }
 
     #[test]
