@@ -980,3 +980,64 @@ fn overwrite_deletes_only_the_earlier_runs_files_and_files_honour_the_umask() {
         .collect();
     assert!(wrong.is_empty(), "not 0640 under umask 027: {wrong:?}");
 }
+
+/// Issue 50, an interrupted publish: a SIGTERM during `publish` ended it with 143 and left a
+/// hidden `.publish-*` directory of hundreds of MB. It ends with 75 ("try again") now, its
+/// staging directory removed; and the staging directory of a killed publish (SIGKILL) is removed
+/// by the next publish into the same `--out`, with a line saying so, while another `--out`'s is
+/// left alone.
+#[test]
+fn an_interrupted_publish_leaves_no_staging_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let trained = train_tiny(dir.path(), &data, "run", &[]);
+    assert!(trained.status.success(), "{}", text(&trained.stderr));
+    let killed = dir.path().join(".publish-bundle-Ab3xYz");
+    std::fs::create_dir_all(killed.join("runs/run")).unwrap();
+    std::fs::write(killed.join("runs/run/model.safetensors"), "partial").unwrap();
+    let other = dir.path().join(".publish-other-Ab3xYz");
+    std::fs::create_dir(&other).unwrap();
+
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("rtrain"))
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .args(["publish", "run", "--out", "bundle"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Stopped as soon as its own staging directory appears, then signalled: the signal lands
+    // while the bundle is staged, however fast this machine copies.
+    let started = std::time::Instant::now();
+    let staged = loop {
+        let staging = named_like(dir.path(), ".publish-bundle-");
+        if staging.iter().any(|name| !name.ends_with("Ab3xYz")) {
+            break true;
+        }
+        if child.try_wait().unwrap().is_some() || started.elapsed() > std::time::Duration::from_secs(60) {
+            break false;
+        }
+    };
+    let pid = child.id() as i32;
+    // SAFETY: signals to the child this test started and has not yet reaped.
+    unsafe {
+        libc::kill(pid, libc::SIGSTOP);
+        libc::kill(pid, libc::SIGTERM);
+        libc::kill(pid, libc::SIGCONT);
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = text(&output.stderr);
+    assert!(staged, "no staging directory appeared: {stderr}");
+    assert_eq!(output.status.code(), Some(75), "{stderr}");
+    assert!(stderr.contains("stop signal"), "{stderr}");
+    assert!(
+        stderr.contains(".publish-bundle-Ab3xYz, left by a publish into bundle that was killed"),
+        "the killed publish's staging directory unnamed: {stderr}"
+    );
+    assert_eq!(named_like(dir.path(), ".publish-bundle-"), Vec::<String>::new(), "staging left behind");
+    assert!(other.is_dir(), "another --out's staging directory was removed");
+    assert!(!dir.path().join("bundle").exists());
+
+    let again = common::rtrain(dir.path()).args(["publish", "run", "--out", "bundle"]).output().unwrap();
+    assert!(again.status.success(), "{}", text(&again.stderr));
+}

@@ -10,8 +10,10 @@
 //! the run wrote are refused. Only the files rtrain wrote are carried, by their names (a
 //! person's notes or a hidden `.env` in `evaluation/` stay behind), and a symbolic link among
 //! them is refused, never followed out of the run. Runs of different class sets are refused:
-//! the model card describes one. The bundle is built in a temporary directory beside `DIR` and
-//! renamed into place, so an interrupted publish leaves no half-written bundle under the name.
+//! the model card describes one. The bundle is built in a hidden directory beside `DIR` and
+//! renamed into place, so an interrupted publish leaves no half-written bundle under the name;
+//! a stop signal removes that directory, and the next publish into `DIR` removes one that a
+//! killed publish left.
 
 mod citation;
 mod model_card;
@@ -24,6 +26,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use crate::cluster::signals;
 use crate::report::evaluation::{self, Evaluated};
 use crate::report::runs::{self, RunData, RunReportError, SeedStatistics};
 use crate::run_dir::manifest::{self, Manifest, ManifestError};
@@ -77,6 +80,10 @@ pub enum PublishError {
     Evaluation { path: PathBuf, source: anyhow::Error },
     #[error("{}: {problem}", path.display())]
     NotABundle { path: PathBuf, problem: String },
+    #[error("installing the stop-signal handlers: {0}")]
+    Signals(std::io::Error),
+    #[error("stopped by a stop signal (SIGTERM, SIGINT or SIGUSR1)")]
+    Stopped,
 }
 
 /// What the author says about the bundle on the command line; whatever is left out is a
@@ -177,19 +184,33 @@ impl Bundle {
 }
 
 /// Publishes `runs` into a new bundle at `out`; returns what was bundled.
+///
+/// A stop signal (SIGTERM, SIGINT, SIGUSR1) ends it at the next file or step with
+/// [`PublishError::Stopped`], the staging directory removed; one that kills it at once (a
+/// second signal, SIGKILL) leaves the staging directory, which the next publish into the same
+/// `out` removes.
 pub fn publish(runs: &[PathBuf], out: &Path, authorship: Authorship) -> Result<Bundle, PublishError> {
+    signals::install().map_err(PublishError::Signals)?;
+    signals::arm();
     check_out(out)?;
     let parent = match out.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
         _ => PathBuf::from("."),
     };
     std::fs::create_dir_all(&parent).map_err(|source| PublishError::Io { path: parent.clone(), source })?;
-    // Removed on any error below (dropped); kept by the rename at the end.
+    let prefix = staging_prefix(out);
+    remove_stale_staging(&parent, &prefix, out)?;
+    // Removed on any error below (dropped); kept by the rename at the end. Locked while this
+    // publish lives, so that another publish into `out` does not take it for a killed one's.
     let staging = tempfile::Builder::new()
-        .prefix(".publish-")
+        .prefix(&prefix)
+        .rand_bytes(STAGING_RANDOM_CHARS)
         .tempdir_in(&parent)
         .map_err(|source| PublishError::Io { path: parent.clone(), source })?;
     let root = staging.path();
+    let _lock = std::fs::File::open(root)
+        .and_then(|handle| files::try_lock_exclusive(&handle).map(|_| handle))
+        .map_err(|source| PublishError::Io { path: root.to_path_buf(), source })?;
 
     let names = bundle_names(runs)?;
     let mut bundled = Vec::new();
@@ -198,6 +219,7 @@ pub fn publish(runs: &[PathBuf], out: &Path, authorship: Authorship) -> Result<B
         check_same_classes(bundled.first().unwrap_or(&run), &run)?;
         bundled.push(run);
     }
+    check_stop()?;
 
     let mut report_runs = Vec::new();
     for run in &bundled {
@@ -218,6 +240,7 @@ pub fn publish(runs: &[PathBuf], out: &Path, authorship: Authorship) -> Result<B
         .map_err(|e| PublishError::Io { path: root.join(CRATE_METADATA), source: e.into() })?;
     write_file(root, CRATE_METADATA, metadata.as_bytes())?;
     write_checksums(root)?;
+    check_stop()?;
 
     // Archives and group directories on a cluster need to read it: a temporary directory is
     // private (0700), and files follow the umask, which may be private too.
@@ -276,6 +299,51 @@ pub fn seal(dir: &Path) -> Result<usize, PublishError> {
     write_checksums(dir)?;
     make_readable(dir)?;
     Ok(described.len())
+}
+
+/// The staging directory of a publish into `out` is beside it, hidden, named after it and
+/// ending in this many random letters and digits, so that the next publish into the same `out`
+/// knows what a killed one left.
+const STAGING_RANDOM_CHARS: usize = 6;
+
+fn staging_prefix(out: &Path) -> String {
+    let name = out.file_name().map_or_else(|| "bundle".into(), |name| name.to_string_lossy().into_owned());
+    format!(".publish-{name}-")
+}
+
+/// Removes the staging directories in `parent` that a publish into `out` left when it was
+/// killed (SIGKILL, a second stop signal, a lost node): those no live publish holds locked.
+fn remove_stale_staging(parent: &Path, prefix: &str, out: &Path) -> Result<(), PublishError> {
+    let Ok(entries) = std::fs::read_dir(parent) else { return Ok(()) };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(random) = name.to_str().and_then(|name| name.strip_prefix(prefix)) else { continue };
+        let ours = random.len() == STAGING_RANDOM_CHARS && random.bytes().all(|b| b.is_ascii_alphanumeric());
+        if !ours || !entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+            continue;
+        }
+        let path = entry.path();
+        let io = |source| PublishError::Io { path: path.clone(), source };
+        let handle = std::fs::File::open(&path).map_err(io)?;
+        if !files::try_lock_exclusive(&handle).map_err(io)? {
+            continue;
+        }
+        std::fs::remove_dir_all(&path).map_err(io)?;
+        tracing::warn!(
+            "removed {}, left by a publish into {} that was killed",
+            path.display(),
+            out.display()
+        );
+    }
+    Ok(())
+}
+
+/// Ends the publish at a stop signal (its staging directory is removed as the error returns).
+fn check_stop() -> Result<(), PublishError> {
+    match signals::requested() {
+        Some(_) => Err(PublishError::Stopped),
+        None => Ok(()),
+    }
 }
 
 /// Refuses an `out` that exists and is anything but an empty directory.
@@ -444,6 +512,7 @@ fn copy_file(
         std::fs::OpenOptions::new().write(true).create_new(true).open(to).map_err(write_error)?;
     let (mut hasher, mut bytes, mut buffer) = (Sha256::new(), 0u64, vec![0u8; 1 << 20]);
     loop {
+        check_stop()?;
         let n = input.read(&mut buffer).map_err(read_error)?;
         if n == 0 {
             break;

@@ -602,7 +602,7 @@ fn take_lock(paths: &RunPaths) -> Result<std::fs::File, RunDirError> {
         .truncate(false)
         .open(&path)
         .map_err(io)?;
-    if !try_flock(&file).map_err(io)? {
+    if !files::try_lock_exclusive(&file).map_err(io)? {
         let mut holder = String::new();
         let _ = file.read_to_string(&mut holder);
         let holder = match holder.trim() {
@@ -616,20 +616,6 @@ fn take_lock(paths: &RunPaths) -> Result<std::fs::File, RunDirError> {
     file.rewind().map_err(io)?;
     file.write_all(holder.as_bytes()).map_err(io)?;
     Ok(file)
-}
-
-/// An exclusive, non-blocking flock on `file`: `Ok(false)` when another open file holds it.
-/// (std's `File::try_lock` needs Rust 1.89; the build image has 1.88.)
-fn try_flock(file: &std::fs::File) -> std::io::Result<bool> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: flock on a file descriptor this `File` owns and keeps open for the call.
-    match unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } {
-        0 => Ok(true),
-        _ => match std::io::Error::last_os_error() {
-            error if error.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
-            error => Err(error),
-        },
-    }
 }
 
 /// `<run.dir>/<run.name>`, or with no name a sortable, time-stamped one such as

@@ -522,6 +522,21 @@ pub fn read_regular(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// An exclusive, non-blocking flock on `file` (a file or a directory opened for reading):
+/// `Ok(false)` when another open file holds it. The kernel releases it when its holder dies.
+/// (std's `File::try_lock` needs Rust 1.89; the build image has 1.88.)
+pub fn try_lock_exclusive(file: &std::fs::File) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a file descriptor this `File` owns and keeps open for the call.
+    match unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } {
+        0 => Ok(true),
+        _ => match std::io::Error::last_os_error() {
+            error if error.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
+            error => Err(error),
+        },
+    }
+}
+
 /// sha256 of a regular file's bytes ([`open_regular`]), hex encoded.
 pub fn sha256_file(path: &Path) -> Result<String, FileError> {
     let io = |source| FileError::Io { path: path.to_path_buf(), source };
