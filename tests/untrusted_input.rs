@@ -1514,3 +1514,305 @@ fn a_bad_part_of_an_exif_block_costs_only_that_part_with_a_warning() {
         assert!(!stderr.contains(&format!("photos/{name}")), "{stderr}");
     }
 }
+
+// --- Issue 50, publish ---
+
+/// The files under `dir`, relative to it, '/'-separated, no link followed; empty when `dir`
+/// does not exist.
+fn files_below(dir: &Path) -> std::collections::BTreeSet<String> {
+    let mut found = std::collections::BTreeSet::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&next) else { continue };
+        for entry in entries {
+            let entry = entry.unwrap();
+            match entry.file_type().unwrap().is_dir() {
+                true => pending.push(entry.path()),
+                false => {
+                    found.insert(entry.path().strip_prefix(dir).unwrap().to_string_lossy().into_owned());
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The entries of `dir` whose names start with `prefix`.
+fn named_like(dir: &Path, prefix: &str) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with(prefix))
+        .collect()
+}
+
+/// Case 50.8: `publish` carried every file of `evaluation/` and `tensorboard/` (a hidden
+/// `.env`, notes) into the public bundle, and followed a linked `tensorboard/` out of the run
+/// (a key file from elsewhere was published). Only the files rtrain wrote are carried, by name;
+/// a link anywhere in what is carried is refused, naming it, and no bundle is left.
+/// Case 50.9: `verify` and `publish --seal` followed a listed file that is a link out of the
+/// bundle (`MODEL_CARD.md -> /etc/passwd`: sealed, then verified "ok"); both refuse it now, as
+/// they do a linked directory holding files the listing names.
+/// Case 50.13: runs with different class sets made one model card of "4 classes" with a
+/// per-class table "over 2 runs" that only one run had; they are refused, naming both.
+#[test]
+fn publish_carries_only_what_rtrain_wrote_and_follows_no_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let trained = train_tiny(dir.path(), &data, "run", &[]);
+    assert!(trained.status.success(), "{}", text(&trained.stderr));
+    let run = dir.path().join("run");
+    let carried_dirs = |file: &String| file.starts_with("evaluation/") || file.starts_with("tensorboard/");
+    let written: std::collections::BTreeSet<String> =
+        files_below(&run).into_iter().filter(carried_dirs).collect();
+    assert!(written.contains("evaluation/metrics.json"), "{written:?}");
+    assert!(written.iter().any(|f| f.starts_with("tensorboard/events.out.tfevents.")), "{written:?}");
+    let secret = "SECRET_TOKEN=hunter2";
+    for private in ["evaluation/.env", "evaluation/notes.txt", "tensorboard/.env", "tensorboard/notes.md"] {
+        std::fs::write(run.join(private), secret).unwrap();
+    }
+    let publish = |args: &[&str]| common::rtrain(dir.path()).arg("publish").args(args).output().unwrap();
+
+    let published = publish(&["run", "--out", "bundle"]);
+    assert!(published.status.success(), "{}", text(&published.stderr));
+    let bundle = dir.path().join("bundle");
+    let carried: std::collections::BTreeSet<String> =
+        files_below(&bundle.join("runs/run")).into_iter().filter(carried_dirs).collect();
+    assert_eq!(
+        carried, written,
+        "the bundle carries rtrain's files of evaluation/ and tensorboard/, no other"
+    );
+    for file in files_below(&bundle) {
+        let bytes = std::fs::read(bundle.join(&file)).unwrap();
+        assert!(!text(&bytes).contains("hunter2"), "{file} carries the private file");
+    }
+
+    // Links out of the run: a directory, then a file.
+    let outside = dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("id_ed25519"), secret).unwrap();
+    std::fs::write(outside.join("events.out.tfevents.1.elsewhere.rtrain"), secret).unwrap();
+    let refused = |out: &str, named: &str| {
+        let output = publish(&["run", "--out", out]);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{named}: {stderr}");
+        assert!(stderr.contains(named) && stderr.contains("symbolic link"), "{stderr}");
+        assert!(!dir.path().join(out).exists(), "{out} was written");
+        assert_eq!(named_like(dir.path(), ".publish-"), Vec::<String>::new(), "staging left behind");
+    };
+    std::fs::rename(run.join("tensorboard"), dir.path().join("tensorboard-real")).unwrap();
+    std::os::unix::fs::symlink(&outside, run.join("tensorboard")).unwrap();
+    refused("bundle-dir-link", "tensorboard");
+    std::fs::remove_file(run.join("tensorboard")).unwrap();
+    std::fs::rename(dir.path().join("tensorboard-real"), run.join("tensorboard")).unwrap();
+    std::fs::rename(run.join("evaluation/report.md"), dir.path().join("report.md")).unwrap();
+    std::os::unix::fs::symlink(outside.join("id_ed25519"), run.join("evaluation/report.md")).unwrap();
+    refused("bundle-file-link", "report.md");
+    std::fs::remove_file(run.join("evaluation/report.md")).unwrap();
+    std::fs::rename(dir.path().join("report.md"), run.join("evaluation/report.md")).unwrap();
+
+    // Case 50.9: a listed file of the bundle replaced by a link out of it.
+    let card = bundle.join("MODEL_CARD.md");
+    let metadata = std::fs::read(bundle.join("ro-crate-metadata.json")).unwrap();
+    std::fs::rename(&card, dir.path().join("MODEL_CARD.md")).unwrap();
+    std::os::unix::fs::symlink(outside.join("id_ed25519"), &card).unwrap();
+    let sealed = publish(&["--seal", "bundle"]);
+    let stderr = text(&sealed.stderr);
+    assert_eq!(sealed.status.code(), Some(1), "sealed a link: {stderr}");
+    assert!(stderr.contains("MODEL_CARD.md") && stderr.contains("symbolic link"), "{stderr}");
+    assert_eq!(std::fs::read(bundle.join("ro-crate-metadata.json")).unwrap(), metadata, "sealed anyway");
+    let verify = || common::rtrain(dir.path()).args(["verify", "bundle"]).output().unwrap();
+    let verified = verify();
+    let stdout = text(&verified.stdout);
+    assert_eq!(verified.status.code(), Some(1), "verified a link: {stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| !l.starts_with("ok") && l.contains("MODEL_CARD.md") && l.contains("symbolic link")),
+        "{stdout}"
+    );
+    std::fs::remove_file(&card).unwrap();
+    std::fs::rename(dir.path().join("MODEL_CARD.md"), &card).unwrap();
+    assert!(verify().status.success(), "{}", text(&verify().stdout));
+    // A linked directory holding the very files the listing names is no better.
+    let evaluation = bundle.join("runs/run/evaluation");
+    std::fs::rename(&evaluation, dir.path().join("evaluation-copy")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("evaluation-copy"), &evaluation).unwrap();
+    let verified = verify();
+    let stdout = text(&verified.stdout);
+    assert_eq!(verified.status.code(), Some(1), "verified through a linked directory: {stdout}");
+    assert!(stdout.contains("runs/run/evaluation is a symbolic link"), "{stdout}");
+    let sealed = publish(&["--seal", "bundle"]);
+    assert_eq!(sealed.status.code(), Some(1), "sealed through a linked directory: {}", text(&sealed.stderr));
+
+    // Case 50.13: a run of two of the four classes beside the run of four.
+    let two = dir.path().join("two-classes");
+    for split in ["train", "val"] {
+        let mut classes: Vec<_> =
+            std::fs::read_dir(data.join(split)).unwrap().map(|e| e.unwrap().path()).collect();
+        classes.sort();
+        for class in &classes[..2] {
+            let to = two.join(split).join(class.file_name().unwrap());
+            std::fs::create_dir_all(&to).unwrap();
+            for image in std::fs::read_dir(class).unwrap() {
+                let image = image.unwrap().path();
+                std::fs::copy(&image, to.join(image.file_name().unwrap())).unwrap();
+            }
+        }
+    }
+    let trained = train_tiny(dir.path(), &two, "run-two", &[]);
+    assert!(trained.status.success(), "{}", text(&trained.stderr));
+    let mixed = publish(&["run", "run-two", "--out", "bundle-mixed"]);
+    let stderr = text(&mixed.stderr);
+    assert_eq!(mixed.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("run-two") && stderr.contains("classes"), "{stderr}");
+    assert!(!dir.path().join("bundle-mixed").exists());
+}
+
+/// The mode bits of `path` (without its type).
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+/// Case 50.11: `train --overwrite` deleted `checkpoints/`, `evaluation/` and `tensorboard/`
+/// whole, with files rtrain never wrote in them (a user's copy of the model, notes, an edited
+/// figure saved beside the original, another run's TensorBoard directory), against the README's
+/// "deleting that run's files by name, nothing else". The earlier run's files are deleted by
+/// their names now (its step checkpoints, its event file), and the rest is kept.
+/// And the umask: every file written atomically (config, manifest, summary, weights,
+/// checkpoints, evaluation/, tensorboard/) was 0600 whatever the umask, so a project group
+/// could not read a shared run directory. They are made as a plain write makes them: under
+/// umask 027, 0640.
+#[test]
+fn overwrite_deletes_only_the_earlier_runs_files_and_files_honour_the_umask() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let first = train_tiny(dir.path(), &data, "run", &[]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let run = dir.path().join("run");
+    let theirs = [
+        "checkpoints/my-model.safetensors",
+        "checkpoints/notes.txt",
+        "evaluation/notes.md",
+        "evaluation/confusion-edited.svg",
+        "tensorboard/other-run/events.out.tfevents.1700000000.otherhost",
+        "tensorboard/events.out.tfevents.1700000000.otherhost.12345.0",
+    ];
+    for file in theirs {
+        std::fs::create_dir_all(run.join(file).parent().unwrap()).unwrap();
+        std::fs::write(run.join(file), "theirs").unwrap();
+    }
+    // A step checkpoint of the earlier run that the new one does not write again.
+    let steps = named_like(&run.join("checkpoints"), "step-");
+    assert!(!steps.is_empty());
+    let old_step = run.join("checkpoints/step-000000999.safetensors");
+    std::fs::copy(run.join("checkpoints").join(&steps[0]), &old_step).unwrap();
+    let rtrain_events = || {
+        let mut names = named_like(&run.join("tensorboard"), "events.out.tfevents.");
+        names.retain(|name| name.ends_with(".rtrain"));
+        names
+    };
+    assert_eq!(rtrain_events().len(), 1);
+
+    let replaced = std::process::Command::new("sh")
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .args(["-c", "umask 027 && exec \"$0\" \"$@\""])
+        .arg(assert_cmd::cargo::cargo_bin("rtrain"))
+        .args(["train", "--run-dir", "run", "--overwrite"])
+        .args(["--set", &format!("data.root={:?}", data.display().to_string())])
+        .args(["--set", "data.image_size=32", "--set", "data.batch_size=4", "--set", "train.threads=1"])
+        .args(["--set", "train.epochs=1"])
+        .output()
+        .unwrap();
+    assert!(replaced.status.success(), "{}", text(&replaced.stderr));
+    for file in theirs {
+        assert_eq!(std::fs::read_to_string(run.join(file)).ok().as_deref(), Some("theirs"), "{file} deleted");
+    }
+    assert!(!old_step.exists(), "the earlier run's step checkpoint is still there");
+    assert_eq!(rtrain_events().len(), 1, "the earlier run's event file is still there");
+
+    let step = format!("checkpoints/{}", named_like(&run.join("checkpoints"), "step-")[0]);
+    let events = format!("tensorboard/{}", rtrain_events()[0]);
+    let written = [
+        "config.toml",
+        "manifest.json",
+        "metrics.jsonl",
+        "summary.json",
+        "model.safetensors",
+        "checkpoints/best.safetensors",
+        &step,
+        "evaluation/metrics.json",
+        "evaluation/report.md",
+        &events,
+    ];
+    let wrong: Vec<String> = written
+        .iter()
+        .map(|file| (file, mode(&run.join(file))))
+        .filter(|(_, mode)| *mode != 0o640)
+        .map(|(file, mode)| format!("{file} {mode:o}"))
+        .collect();
+    assert!(wrong.is_empty(), "not 0640 under umask 027: {wrong:?}");
+}
+
+/// Issue 50, an interrupted publish: a SIGTERM during `publish` ended it with 143 and left a
+/// hidden `.publish-*` directory of hundreds of MB. It ends with 75 ("try again") now, its
+/// staging directory removed; and the staging directory of a killed publish (SIGKILL) is removed
+/// by the next publish into the same `--out`, with a line saying so, while another `--out`'s is
+/// left alone.
+#[test]
+fn an_interrupted_publish_leaves_no_staging_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::synth(dir.path(), 4, 2, 32);
+    let trained = train_tiny(dir.path(), &data, "run", &[]);
+    assert!(trained.status.success(), "{}", text(&trained.stderr));
+    let killed = dir.path().join(".publish-bundle-Ab3xYz");
+    std::fs::create_dir_all(killed.join("runs/run")).unwrap();
+    std::fs::write(killed.join("runs/run/model.safetensors"), "partial").unwrap();
+    let other = dir.path().join(".publish-other-Ab3xYz");
+    std::fs::create_dir(&other).unwrap();
+
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("rtrain"))
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .args(["publish", "run", "--out", "bundle"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Stopped as soon as its own staging directory appears, then signalled: the signal lands
+    // while the bundle is staged, however fast this machine copies.
+    let started = std::time::Instant::now();
+    let staged = loop {
+        let staging = named_like(dir.path(), ".publish-bundle-");
+        if staging.iter().any(|name| !name.ends_with("Ab3xYz")) {
+            break true;
+        }
+        if child.try_wait().unwrap().is_some() || started.elapsed() > std::time::Duration::from_secs(60) {
+            break false;
+        }
+    };
+    let pid = child.id() as i32;
+    // SAFETY: signals to the child this test started and has not yet reaped.
+    unsafe {
+        libc::kill(pid, libc::SIGSTOP);
+        libc::kill(pid, libc::SIGTERM);
+        libc::kill(pid, libc::SIGCONT);
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = text(&output.stderr);
+    assert!(staged, "no staging directory appeared: {stderr}");
+    assert_eq!(output.status.code(), Some(75), "{stderr}");
+    assert!(stderr.contains("stop signal"), "{stderr}");
+    assert!(
+        stderr.contains(".publish-bundle-Ab3xYz, left by a publish into bundle that was killed"),
+        "the killed publish's staging directory unnamed: {stderr}"
+    );
+    assert_eq!(named_like(dir.path(), ".publish-bundle-"), Vec::<String>::new(), "staging left behind");
+    assert!(other.is_dir(), "another --out's staging directory was removed");
+    assert!(!dir.path().join("bundle").exists());
+
+    let again = common::rtrain(dir.path()).args(["publish", "run", "--out", "bundle"]).output().unwrap();
+    assert!(again.status.success(), "{}", text(&again.stderr));
+}

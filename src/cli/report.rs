@@ -147,7 +147,13 @@ impl PublishArgs {
             affiliation: self.affiliation,
             publisher: self.publisher,
         };
-        let bundle = publish::publish(&self.runs, out, authorship)?;
+        let bundle = match publish::publish(&self.runs, out, authorship) {
+            Err(publish::PublishError::Stopped) => {
+                let what = format!("publish into {} (nothing written)", out.display());
+                return Err(crate::cluster::signals::StoppedBySignal { what }.into());
+            }
+            published => published?,
+        };
         let card = out.join(publish::MODEL_CARD);
         let placeholders = std::fs::read_to_string(&card).map_or(0, |text| text.matches("[AUTHOR]").count());
         println!("{}", out.display());

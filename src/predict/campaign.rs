@@ -252,7 +252,9 @@ fn lock_out_dir(out: &Path) -> Result<std::fs::File> {
         .truncate(false)
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
-    if !crate::run_dir::try_flock(&file).with_context(|| format!("locking {}", path.display()))? {
+    if !crate::util::files::try_lock_exclusive(&file)
+        .with_context(|| format!("locking {}", path.display()))?
+    {
         let mut holder = String::new();
         let _ = file.read_to_string(&mut holder);
         let holder = match holder.trim() {

@@ -7,8 +7,13 @@
 //! `sha256sum -c` checks. `rtrain verify DIR` checks a bundle (verify.rs).
 //!
 //! A run is copied only as its manifest recorded it: weights whose sha256 differs from the one
-//! the run wrote are refused. The bundle is built in a temporary directory beside `DIR` and
-//! renamed into place, so an interrupted publish leaves no half-written bundle under the name.
+//! the run wrote are refused. Only the files rtrain wrote are carried, by their names (a
+//! person's notes or a hidden `.env` in `evaluation/` stay behind), and a symbolic link among
+//! them is refused, never followed out of the run. Runs of different class sets are refused:
+//! the model card describes one. The bundle is built in a hidden directory beside `DIR` and
+//! renamed into place, so an interrupted publish leaves no half-written bundle under the name;
+//! a stop signal removes that directory, and the next publish into `DIR` removes one that a
+//! killed publish left.
 
 mod citation;
 mod model_card;
@@ -21,10 +26,11 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::report::evaluation::Evaluated;
+use crate::cluster::signals;
+use crate::report::evaluation::{self, Evaluated};
 use crate::report::runs::{self, RunData, RunReportError, SeedStatistics};
 use crate::run_dir::manifest::{self, Manifest, ManifestError};
-use crate::run_dir::RunPaths;
+use crate::run_dir::{tensorboard, RunPaths};
 use crate::util::files::{self, FileError};
 
 pub use verify::{is_bundle, verify};
@@ -41,11 +47,10 @@ const LISTING_LIMIT: u64 = 256 << 20;
 const RUNS_DIR: &str = "runs";
 const REPORT_DIR: &str = "report";
 
-/// The files of a run directory a bundle carries beside its weights, and the directories whose
-/// files it carries. Step checkpoints stay behind (the best and the final weights are what a
-/// reader uses; the manifest still lists every checkpoint's sha256).
+/// The files of a run directory a bundle carries beside its weights, the best checkpoint's
+/// evaluation and the TensorBoard event files. Step checkpoints stay behind (the best and the
+/// final weights are what a reader uses; the manifest still lists every checkpoint's sha256).
 const RUN_FILES: [&str; 4] = ["manifest.json", "config.toml", "metrics.jsonl", "summary.json"];
-const RUN_DIRS: [&str; 2] = ["evaluation", "tensorboard"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
@@ -59,6 +64,10 @@ pub enum PublishError {
     SameName { first: PathBuf, second: PathBuf, name: String },
     #[error("{}: {problem}", path.display())]
     Unlistable { path: PathBuf, problem: &'static str },
+    #[error("{}: a symbolic link: a bundle carries no file from outside its runs; replace it with the directory it points to, or remove it", .0.display())]
+    Link(PathBuf),
+    #[error("runs {} and {} classify different classes ({first_classes} and {second_classes}): one bundle, one model card, describes runs of one class set; publish them apart", first.display(), second.display())]
+    DifferentClasses { first: PathBuf, first_classes: String, second: PathBuf, second_classes: String },
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
@@ -71,6 +80,10 @@ pub enum PublishError {
     Evaluation { path: PathBuf, source: anyhow::Error },
     #[error("{}: {problem}", path.display())]
     NotABundle { path: PathBuf, problem: String },
+    #[error("installing the stop-signal handlers: {0}")]
+    Signals(std::io::Error),
+    #[error("stopped by a stop signal (SIGTERM, SIGINT or SIGUSR1)")]
+    Stopped,
 }
 
 /// What the author says about the bundle on the command line; whatever is left out is a
@@ -171,25 +184,42 @@ impl Bundle {
 }
 
 /// Publishes `runs` into a new bundle at `out`; returns what was bundled.
+///
+/// A stop signal (SIGTERM, SIGINT, SIGUSR1) ends it at the next file or step with
+/// [`PublishError::Stopped`], the staging directory removed; one that kills it at once (a
+/// second signal, SIGKILL) leaves the staging directory, which the next publish into the same
+/// `out` removes.
 pub fn publish(runs: &[PathBuf], out: &Path, authorship: Authorship) -> Result<Bundle, PublishError> {
+    signals::install().map_err(PublishError::Signals)?;
+    signals::arm();
     check_out(out)?;
     let parent = match out.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
         _ => PathBuf::from("."),
     };
     std::fs::create_dir_all(&parent).map_err(|source| PublishError::Io { path: parent.clone(), source })?;
-    // Removed on any error below (dropped); kept by the rename at the end.
+    let prefix = staging_prefix(out);
+    remove_stale_staging(&parent, &prefix, out)?;
+    // Removed on any error below (dropped); kept by the rename at the end. Locked while this
+    // publish lives, so that another publish into `out` does not take it for a killed one's.
     let staging = tempfile::Builder::new()
-        .prefix(".publish-")
+        .prefix(&prefix)
+        .rand_bytes(STAGING_RANDOM_CHARS)
         .tempdir_in(&parent)
         .map_err(|source| PublishError::Io { path: parent.clone(), source })?;
     let root = staging.path();
+    let _lock = std::fs::File::open(root)
+        .and_then(|handle| files::try_lock_exclusive(&handle).map(|_| handle))
+        .map_err(|source| PublishError::Io { path: root.to_path_buf(), source })?;
 
     let names = bundle_names(runs)?;
     let mut bundled = Vec::new();
     for (source, name) in runs.iter().zip(names) {
-        bundled.push(copy_run(source, root, name)?);
+        let run = copy_run(source, root, name)?;
+        check_same_classes(bundled.first().unwrap_or(&run), &run)?;
+        bundled.push(run);
     }
+    check_stop()?;
 
     let mut report_runs = Vec::new();
     for run in &bundled {
@@ -210,9 +240,10 @@ pub fn publish(runs: &[PathBuf], out: &Path, authorship: Authorship) -> Result<B
         .map_err(|e| PublishError::Io { path: root.join(CRATE_METADATA), source: e.into() })?;
     write_file(root, CRATE_METADATA, metadata.as_bytes())?;
     write_checksums(root)?;
+    check_stop()?;
 
     // Archives and group directories on a cluster need to read it: a temporary directory is
-    // private (0700), and atomic writes make private files.
+    // private (0700), and files follow the umask, which may be private too.
     make_readable(root)?;
     // Replaces `out` if it is an empty directory (check_out refused anything else).
     std::fs::rename(root, out).map_err(|source| PublishError::Io { path: out.to_path_buf(), source })?;
@@ -234,7 +265,9 @@ pub fn seal(dir: &Path) -> Result<usize, PublishError> {
     for (relative, path) in list_files(dir, dir)? {
         if relative != CHECKSUMS && relative != CRATE_METADATA {
             check_listable(&relative, &path)?;
-            actual.insert(relative, files::sha256_file(&path)?);
+            // A listed file that is a link would vouch for a file outside the bundle.
+            let sha256 = files::sha256_below(dir, Path::new(&relative))?;
+            actual.insert(relative, sha256);
         }
     }
     for finding in verify::run_findings(dir, &actual)? {
@@ -266,6 +299,51 @@ pub fn seal(dir: &Path) -> Result<usize, PublishError> {
     write_checksums(dir)?;
     make_readable(dir)?;
     Ok(described.len())
+}
+
+/// The staging directory of a publish into `out` is beside it, hidden, named after it and
+/// ending in this many random letters and digits, so that the next publish into the same `out`
+/// knows what a killed one left.
+const STAGING_RANDOM_CHARS: usize = 6;
+
+fn staging_prefix(out: &Path) -> String {
+    let name = out.file_name().map_or_else(|| "bundle".into(), |name| name.to_string_lossy().into_owned());
+    format!(".publish-{name}-")
+}
+
+/// Removes the staging directories in `parent` that a publish into `out` left when it was
+/// killed (SIGKILL, a second stop signal, a lost node): those no live publish holds locked.
+fn remove_stale_staging(parent: &Path, prefix: &str, out: &Path) -> Result<(), PublishError> {
+    let Ok(entries) = std::fs::read_dir(parent) else { return Ok(()) };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(random) = name.to_str().and_then(|name| name.strip_prefix(prefix)) else { continue };
+        let ours = random.len() == STAGING_RANDOM_CHARS && random.bytes().all(|b| b.is_ascii_alphanumeric());
+        if !ours || !entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+            continue;
+        }
+        let path = entry.path();
+        let io = |source| PublishError::Io { path: path.clone(), source };
+        let handle = std::fs::File::open(&path).map_err(io)?;
+        if !files::try_lock_exclusive(&handle).map_err(io)? {
+            continue;
+        }
+        std::fs::remove_dir_all(&path).map_err(io)?;
+        tracing::warn!(
+            "removed {}, left by a publish into {} that was killed",
+            path.display(),
+            out.display()
+        );
+    }
+    Ok(())
+}
+
+/// Ends the publish at a stop signal (its staging directory is removed as the error returns).
+fn check_stop() -> Result<(), PublishError> {
+    match signals::requested() {
+        Some(_) => Err(PublishError::Stopped),
+        None => Ok(()),
+    }
 }
 
 /// Refuses an `out` that exists and is anything but an empty directory.
@@ -322,16 +400,11 @@ fn copy_run(source: &Path, root: &Path, name: String) -> Result<BundledRun, Publ
     if let Some(sha256) = manifest.checkpoints.get(&best) {
         wanted.push((best, Some(sha256.clone())));
     }
-    for dir in RUN_DIRS {
-        let Ok(entries) = std::fs::read_dir(source.join(dir)) else { continue };
-        let mut names: Vec<String> = entries
-            .filter_map(Result::ok)
-            .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_file()))
-            .filter(|entry| !files::is_stale_temporary(&entry.file_name()))
-            .map(|entry| entry.file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        wanted.extend(names.into_iter().map(|file| (format!("{dir}/{file}"), None)));
+    let evaluated = written_files(&paths.evaluation(), |name| evaluation::WRITTEN_FILES.contains(&name))?;
+    let events = written_files(&paths.tensorboard(), tensorboard::is_event_file)?;
+    for (dir, names) in [(paths.evaluation(), evaluated), (paths.tensorboard(), events)] {
+        let relative = paths.relative(&dir);
+        wanted.extend(names.into_iter().map(|file| (format!("{relative}/{file}"), None)));
     }
 
     let dest = root.join(RUNS_DIR).join(&name);
@@ -339,7 +412,7 @@ fn copy_run(source: &Path, root: &Path, name: String) -> Result<BundledRun, Publ
     for (relative, recorded) in wanted {
         let bundle_path = format!("{RUNS_DIR}/{name}/{relative}");
         check_listable(&bundle_path, &source.join(&relative))?;
-        let file = copy_file(&source.join(&relative), &dest.join(&relative), bundle_path)?;
+        let file = copy_file(source, Path::new(&relative), &dest.join(&relative), bundle_path)?;
         if let Some(recorded) = recorded.filter(|recorded| *recorded != file.sha256) {
             return Err(PublishError::Changed {
                 file: source.join(&relative),
@@ -350,13 +423,61 @@ fn copy_run(source: &Path, root: &Path, name: String) -> Result<BundledRun, Publ
         }
         copied.push(file);
     }
+    // Read from the bundle's copy: what was carried, not whatever the run's directory holds.
     let evaluation_dir = paths.evaluation();
-    let evaluation = match Evaluated::read(&evaluation_dir) {
+    let carried = dest.join(paths.relative(&evaluation_dir));
+    let evaluation = match Evaluated::read(&carried) {
         Ok(evaluation) => Some(evaluation),
-        Err(_) if !evaluation_dir.exists() => None,
+        Err(_) if !carried.exists() => None,
         Err(source) => return Err(PublishError::Evaluation { path: evaluation_dir, source }),
     };
     Ok(BundledRun { name, source: source.to_path_buf(), manifest, evaluation, files: copied })
+}
+
+/// The names of the files in the run's `dir` (`evaluation/`, `tensorboard/`) that rtrain wrote
+/// there (`written`), sorted; none without such a directory. Whatever else it holds (notes, a
+/// hidden `.env`, another tool's files) stays behind, and a directory that is a symbolic link
+/// is refused: it would carry files from outside the run.
+fn written_files(dir: &Path, written: impl Fn(&str) -> bool) -> Result<Vec<String>, PublishError> {
+    match dir.symlink_metadata() {
+        Ok(meta) if meta.file_type().is_symlink() => return Err(PublishError::Link(dir.to_path_buf())),
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => return Ok(Vec::new()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(PublishError::Io { path: dir.to_path_buf(), source }),
+    }
+    let entries =
+        std::fs::read_dir(dir).map_err(|source| PublishError::Io { path: dir.to_path_buf(), source })?;
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| PublishError::Io { path: dir.to_path_buf(), source })?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        match written(&name) {
+            true => names.push(name),
+            false => {
+                tracing::info!("{}: not a file rtrain wrote; left out of the bundle", entry.path().display())
+            }
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Refuses a run whose classes (names, in the order of the model's outputs) are not the first
+/// run's: the model card, the report's per-class tables and the title describe one class set.
+fn check_same_classes(first: &BundledRun, run: &BundledRun) -> Result<(), PublishError> {
+    let classes =
+        |run: &BundledRun| run.manifest.data.first().map(|split| split.classes.clone()).unwrap_or_default();
+    let (expected, found) = (classes(first), classes(run));
+    if expected == found {
+        return Ok(());
+    }
+    Err(PublishError::DifferentClasses {
+        first: first.source.clone(),
+        first_classes: expected.join(", "),
+        second: run.source.clone(),
+        second_classes: found.join(", "),
+    })
 }
 
 /// Refuses a bundle path that SHA256SUMS or an RO-Crate identifier could not hold as it is,
@@ -372,12 +493,18 @@ fn check_listable(bundle_path: &str, source: &Path) -> Result<(), PublishError> 
     Ok(())
 }
 
-/// Copies the regular file `from` to `to` (a new file), hashing what it copies, and flushes it
-/// to disk.
-fn copy_file(from: &Path, to: &Path, bundle_path: String) -> Result<BundleFile, PublishError> {
-    let read_error = |source| PublishError::Io { path: from.to_path_buf(), source };
+/// Copies the regular file `run/relative` to `to` (a new file), hashing what it copies, and
+/// flushes it to disk. A link anywhere below `run` is refused, never followed.
+fn copy_file(
+    run: &Path,
+    relative: &Path,
+    to: &Path,
+    bundle_path: String,
+) -> Result<BundleFile, PublishError> {
+    let from = run.join(relative);
+    let read_error = |source| PublishError::Io { path: from.clone(), source };
     let write_error = |source| PublishError::Io { path: to.to_path_buf(), source };
-    let (mut input, _) = files::open_regular(from).map_err(read_error)?;
+    let (mut input, _) = files::open_regular_below(run, relative).map_err(read_error)?;
     if let Some(dir) = to.parent() {
         std::fs::create_dir_all(dir).map_err(write_error)?;
     }
@@ -385,6 +512,7 @@ fn copy_file(from: &Path, to: &Path, bundle_path: String) -> Result<BundleFile, 
         std::fs::OpenOptions::new().write(true).create_new(true).open(to).map_err(write_error)?;
     let (mut hasher, mut bytes, mut buffer) = (Sha256::new(), 0u64, vec![0u8; 1 << 20]);
     loop {
+        check_stop()?;
         let n = input.read(&mut buffer).map_err(read_error)?;
         if n == 0 {
             break;

@@ -2,7 +2,8 @@
 //! SHA256SUMS (and no file beside those it lists), every `sha256` and `contentSize` the
 //! RO-Crate records against its file, and each run's weights and checkpoints against the
 //! sha256 its own manifest.json recorded when it trained. One byte changed anywhere, the
-//! listing included, is a finding.
+//! listing included, is a finding, and so is a listed file that is, or lies under, a symbolic
+//! link: it would vouch for a file outside the bundle.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -47,7 +48,9 @@ pub fn verify(dir: &Path) -> Result<Vec<Finding>, PublishError> {
             continue;
         }
         let file = dir.join(path);
-        match files::sha256_file(&file) {
+        // Never through a link: `MODEL_CARD.md -> /etc/passwd` would be checked, and vouched
+        // for, as a file of the bundle.
+        match files::sha256_below(dir, Path::new(path)) {
             Ok(found) => {
                 findings.push(match found == sha256 {
                     true => Finding::Ok(file.display().to_string()),

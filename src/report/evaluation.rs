@@ -39,6 +39,25 @@ pub const REPORTED_FIGURES: [&str; 8] = [
     "mistakes-gradcam.png",
 ];
 
+/// Every file [`Evaluated::write`] writes into its directory, by name: what `rtrain publish`
+/// carries of a run's `evaluation/` and `train --overwrite` deletes there, and nothing else
+/// (a directory a person also keeps notes or edited figures in).
+pub const WRITTEN_FILES: [&str; 13] = [
+    METRICS_FILE,
+    "predictions.csv",
+    "confusion.svg",
+    "confusion.png",
+    "confusion-by-row.svg",
+    "confusion-by-row.png",
+    "reliability.svg",
+    "reliability.png",
+    "roc.svg",
+    "roc.png",
+    "mistakes.png",
+    "mistakes-gradcam.png",
+    "report.md",
+];
+
 /// The stage whose Grad-CAM the gallery of mistakes is shown with (`layer4`, as papers do).
 const GALLERY_LAYER: usize = 4;
 

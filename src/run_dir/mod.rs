@@ -209,9 +209,7 @@ impl RunPaths {
         for entry in entries {
             let path = entry.map_err(|source| CheckpointError::Io { path: dir.clone(), source })?.path();
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-            let step =
-                name.strip_prefix(STEP_CHECKPOINT_PREFIX).and_then(|s| s.strip_suffix(CHECKPOINT_SUFFIX));
-            if let Some(Ok(step)) = step.map(str::parse::<u64>) {
+            if let Some(step) = step_of(name) {
                 found.push((step, path));
             }
         }
@@ -283,22 +281,14 @@ impl RunDir {
     }
 
     /// Deletes the files of the run already in the directory (`--overwrite`), by their names
-    /// only: whatever else the directory holds stays. Under the lock; a no-op off rank 0.
+    /// only: whatever else the directory holds stays, in `checkpoints/`, `evaluation/` and
+    /// `tensorboard/` too (a copy of the model, notes, another run's TensorBoard directory).
+    /// Under the lock; a no-op off rank 0.
     pub fn delete_previous_run(&mut self) -> Result<(), RunDirError> {
         if self.writer.is_none() {
             return Ok(());
         }
-        for name in [
-            CONFIG_FILE,
-            MANIFEST_FILE,
-            METRICS_FILE,
-            SUMMARY_FILE,
-            WEIGHTS_FILE,
-            CHECKPOINTS_DIR,
-            REPORT_DIR,
-            EVALUATION_DIR,
-            TENSORBOARD_DIR,
-        ] {
+        for name in [CONFIG_FILE, MANIFEST_FILE, METRICS_FILE, SUMMARY_FILE, WEIGHTS_FILE, REPORT_DIR] {
             let path = self.paths.root().join(name);
             // A link (a `report` pointing elsewhere) is removed itself, never followed.
             let removed = match path.symlink_metadata() {
@@ -309,6 +299,11 @@ impl RunDir {
             removed.map_err(|source| RunDirError::Io { path: path.clone(), source })?;
             tracing::info!("--overwrite: deleted {}", path.display());
         }
+        delete_named(&self.paths.checkpoints(), is_checkpoint_name)?;
+        delete_named(&self.paths.evaluation(), |name| {
+            crate::report::evaluation::WRITTEN_FILES.contains(&name)
+        })?;
+        delete_named(&self.paths.tensorboard(), tensorboard::is_event_file)?;
         Ok(())
     }
 
@@ -519,6 +514,62 @@ impl RunDir {
     }
 }
 
+/// Whether `name` is a file training writes in `checkpoints/`: a step checkpoint, one set
+/// aside as invalid by a resume, or the best checkpoint.
+fn is_checkpoint_name(name: &str) -> bool {
+    let name = name.strip_suffix(SET_ASIDE_SUFFIX).unwrap_or(name);
+    name == BEST_CHECKPOINT_FILE || step_of(name).is_some()
+}
+
+/// The global step a step checkpoint's file name holds (`step-000000120.safetensors`).
+fn step_of(name: &str) -> Option<u64> {
+    let step = name.strip_prefix(STEP_CHECKPOINT_PREFIX)?.strip_suffix(CHECKPOINT_SUFFIX)?;
+    step.parse().ok()
+}
+
+/// Deletes the files in `dir` whose names an earlier run wrote there (`written`), and `dir`
+/// itself if nothing else is left in it; a `dir` that is a link is removed itself, never
+/// followed. Files of other names, and directories, are kept and counted in the log.
+fn delete_named(dir: &Path, written: impl Fn(&str) -> bool) -> Result<(), RunDirError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| RunDirError::Io { path, source }
+    };
+    match dir.symlink_metadata() {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            std::fs::remove_file(dir).map_err(io(dir))?;
+            tracing::info!("--overwrite: deleted the link {}", dir.display());
+            return Ok(());
+        }
+        Ok(meta) if meta.is_dir() => {}
+        // Nothing there, or a file under the name that no run wrote: training will say so.
+        _ => return Ok(()),
+    }
+    let (mut deleted, mut kept) = (0, 0);
+    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        let entry = entry.map_err(io(dir))?;
+        let is_dir = entry.file_type().map_err(io(&entry.path()))?.is_dir();
+        if is_dir || !written(&entry.file_name().to_string_lossy()) {
+            kept += 1;
+            continue;
+        }
+        std::fs::remove_file(entry.path()).map_err(io(&entry.path()))?;
+        deleted += 1;
+    }
+    if kept == 0 {
+        std::fs::remove_dir(dir).map_err(io(dir))?;
+    }
+    tracing::info!(
+        "--overwrite: deleted {deleted} file(s) of the earlier run in {}{}",
+        dir.display(),
+        match kept {
+            0 => String::new(),
+            n => format!("; kept {n} other(s) rtrain did not write"),
+        }
+    );
+    Ok(())
+}
+
 /// Removes what a trainer killed during a save left: the temporaries of atomic writes
 /// (`.tmp-XXXXXX`) in the run directory and `checkpoints/`. Called under the lock, so no live
 /// writer owns them; other files are never touched.
@@ -551,7 +602,7 @@ fn take_lock(paths: &RunPaths) -> Result<std::fs::File, RunDirError> {
         .truncate(false)
         .open(&path)
         .map_err(io)?;
-    if !try_flock(&file).map_err(io)? {
+    if !files::try_lock_exclusive(&file).map_err(io)? {
         let mut holder = String::new();
         let _ = file.read_to_string(&mut holder);
         let holder = match holder.trim() {
@@ -565,20 +616,6 @@ fn take_lock(paths: &RunPaths) -> Result<std::fs::File, RunDirError> {
     file.rewind().map_err(io)?;
     file.write_all(holder.as_bytes()).map_err(io)?;
     Ok(file)
-}
-
-/// An exclusive, non-blocking flock on `file`: `Ok(false)` when another open file holds it.
-/// (std's `File::try_lock` needs Rust 1.89; the build image has 1.88.)
-pub(crate) fn try_flock(file: &std::fs::File) -> std::io::Result<bool> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: flock on a file descriptor this `File` owns and keeps open for the call.
-    match unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } {
-        0 => Ok(true),
-        _ => match std::io::Error::last_os_error() {
-            error if error.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
-            error => Err(error),
-        },
-    }
 }
 
 /// `<run.dir>/<run.name>`, or with no name a sortable, time-stamped one such as

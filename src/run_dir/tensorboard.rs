@@ -108,6 +108,18 @@ mod proto {
     pub const DT_STRING: i32 = 7;
 }
 
+/// An event file's name as rtrain writes it: TensorBoard's prefix, the time and host, and a
+/// suffix of its own (TensorBoard reads any name that holds `tfevents`).
+const EVENTS_PREFIX: &str = "events.out.tfevents.";
+const EVENTS_SUFFIX: &str = ".rtrain";
+
+/// Whether `name` is an event file rtrain writes: what `rtrain publish` carries of a run's
+/// `tensorboard/` and `train --overwrite` deletes there, and nothing else (another tool's event
+/// files, another run's directory).
+pub fn is_event_file(name: &str) -> bool {
+    name.strip_prefix(EVENTS_PREFIX).and_then(|rest| rest.strip_suffix(EVENTS_SUFFIX)).is_some()
+}
+
 /// The directory's event file, open for appending.
 pub struct EventFile {
     path: PathBuf,
@@ -132,7 +144,7 @@ impl EventFile {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         let wall_time = now();
         let host = crate::cluster::hostname();
-        let path = dir.join(format!("events.out.tfevents.{}.{host}.rtrain", wall_time as u64));
+        let path = dir.join(format!("{EVENTS_PREFIX}{}.{host}{EVENTS_SUFFIX}", wall_time as u64));
         let mut images = ConfusionImages { classes: classes.to_vec(), failed: false };
         let mut bytes = Vec::new();
         let version = proto::What::FileVersion("brain.Event:2".into());
@@ -144,8 +156,9 @@ impl EventFile {
         files::write_atomic(&path, &bytes)?;
         for entry in std::fs::read_dir(dir).map_err(io(dir))? {
             let old = entry.map_err(io(dir))?.path();
+            // Only rtrain's own: another tool's event files beside them are not the run's.
             let name = old.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            if name.starts_with("events.out.tfevents.") && old != path {
+            if is_event_file(&name) && old != path {
                 std::fs::remove_file(&old).map_err(io(&old))?;
             }
         }

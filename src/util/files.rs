@@ -7,7 +7,8 @@
 //!
 //! Every write goes to a temporary file in the destination's directory, is flushed to disk,
 //! and is then renamed over the final name, so a crash or a full disk leaves the previous
-//! file (or none) in place, never a torn one.
+//! file (or none) in place, never a torn one. The file gets the mode a plain write would give
+//! it (the umask honoured), not a temporary file's private one.
 //!
 //! Every `.safetensors` file rtrain writes carries a sha256 of its header metadata and tensors
 //! ([`DIGEST_KEY`]), and every read checks it: a byte that changed after the write (a failing
@@ -130,6 +131,10 @@ pub fn path_text(path: &Path) -> std::borrow::Cow<'_, str> {
     text.into()
 }
 
+/// The mode `open(2)` is asked for by a plain write (`std::fs::write`, `File::create`): the
+/// kernel takes the umask (or a directory's default ACL) away from it.
+const PLAIN_WRITE_MODE: u32 = 0o666;
+
 /// Writes the concatenation of `parts` to `path` atomically, as [`write_atomic`]; returns the
 /// sha256 of what it wrote (hashed from memory, so the file need not be read back for it).
 fn write_atomic_parts(path: &Path, parts: &[&[u8]]) -> Result<String, FileError> {
@@ -139,9 +144,13 @@ fn write_atomic_parts(path: &Path, parts: &[&[u8]]) -> Result<String, FileError>
         _ => Path::new("."),
     };
     std::fs::create_dir_all(dir).map_err(io)?;
+    // Created with the mode a plain write asks for (0666, less the umask, as the kernel applies
+    // it at the open), not a temporary file's private 0600: a run directory or bundle shared
+    // with a project group is as readable as the group's umask says.
     let mut file = tempfile::Builder::new()
         .prefix(TEMPORARY_PREFIX)
         .rand_bytes(TEMPORARY_RANDOM_CHARS)
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(PLAIN_WRITE_MODE))
         .tempfile_in(dir)
         .map_err(io)?;
     let mut hasher = Sha256::new();
@@ -430,6 +439,60 @@ pub fn open_regular(path: &Path) -> std::io::Result<(std::fs::File, std::fs::Met
     }
 }
 
+/// Opens `root/relative` for reading as [`open_regular`] does, but follows no symbolic link
+/// below `root`: a file of a run directory or bundle that is a link, or lies in a linked
+/// directory, would carry or vouch for a file from elsewhere (`MODEL_CARD.md -> /etc/passwd`).
+/// `root` itself may be a link (the path the user named). Each part is looked at without
+/// following it, and the file is opened with `O_NOFOLLOW` besides.
+///
+/// # Errors
+/// As [`open_regular`], or `InvalidInput` naming the part that is a symbolic link.
+pub fn open_regular_below(
+    root: &Path,
+    relative: &Path,
+) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let refuse = |problem: String| Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, problem));
+    let mut below = PathBuf::new();
+    for part in relative.components() {
+        let std::path::Component::Normal(part) = part else {
+            return refuse(format!("{} is not a plain path below {}", relative.display(), root.display()));
+        };
+        below.push(part);
+        if root.join(&below).symlink_metadata()?.file_type().is_symlink() {
+            return refuse(format!(
+                "{} is a symbolic link: not followed out of {}",
+                below.display(),
+                root.display()
+            ));
+        }
+    }
+    let path = root.join(relative);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(&path)?;
+    let metadata = file.metadata()?;
+    match not_regular(&metadata) {
+        None => Ok((file, metadata)),
+        Some(what) => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{what}, not a regular file: only regular files are read"),
+        )),
+    }
+}
+
+/// sha256 of the regular file `root/relative`, no link below `root` followed
+/// ([`open_regular_below`]), hex encoded.
+pub fn sha256_below(root: &Path, relative: &Path) -> Result<String, FileError> {
+    let path = root.join(relative);
+    let io = |source| FileError::Io { path: path.clone(), source };
+    let (mut file, _) = open_regular_below(root, relative).map_err(io)?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher).map_err(io)?;
+    Ok(hex::encode(hasher.finalize()))
+}
+
 /// What a file is when it is not a regular file ("a FIFO", "a character device", ...); `None`
 /// for a regular file.
 pub fn not_regular(metadata: &std::fs::Metadata) -> Option<&'static str> {
@@ -475,6 +538,21 @@ pub fn read_regular(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
         return Err(too_large(bytes.len() as u64));
     }
     Ok(bytes)
+}
+
+/// An exclusive, non-blocking flock on `file` (a file or a directory opened for reading):
+/// `Ok(false)` when another open file holds it. The kernel releases it when its holder dies.
+/// (std's `File::try_lock` needs Rust 1.89; the build image has 1.88.)
+pub fn try_lock_exclusive(file: &std::fs::File) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a file descriptor this `File` owns and keeps open for the call.
+    match unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } {
+        0 => Ok(true),
+        _ => match std::io::Error::last_os_error() {
+            error if error.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
+            error => Err(error),
+        },
+    }
 }
 
 /// sha256 of a regular file's bytes ([`open_regular`]), hex encoded.
@@ -655,6 +733,19 @@ mod tests {
         std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
         let err = read_safetensors(&path).err().unwrap().to_string();
         assert!(err.contains("t.safetensors"), "{err}");
+    }
+
+    /// An atomic write's file has a plain write's mode, whatever the umask (a temporary file's
+    /// own is 0600).
+    #[test]
+    fn atomic_writes_make_files_as_a_plain_write_does() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mode =
+            |name: &str| std::fs::metadata(dir.path().join(name)).unwrap().permissions().mode() & 0o777;
+        std::fs::write(dir.path().join("plain"), b"x").unwrap();
+        write_atomic(&dir.path().join("atomic"), b"x").unwrap();
+        assert_eq!(mode("atomic"), mode("plain"));
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! fine; an interrupted transfer, from a dropped connection now or a killed run earlier, resumes
 //! with a `Range` request from what `OUT.part` already holds. Only a complete body whose digest
 //! matches is fsynced and renamed onto `OUT`, so a wrong checksum, a truncated body or an HTTP
-//! error never leaves a file under the final name.
+//! error never leaves a file under the final name. An `OUT.part` that is not a regular file (a
+//! planted symbolic link, which would have the download written into the file it points to
+//! and then become `OUT`) is refused, never written through.
 //!
 //! Plain http is refused unless the host is loopback or the caller opts in: the digest protects
 //! the content either way, but not the privacy of what is fetched, and an opt-in makes that a
@@ -180,6 +182,11 @@ pub enum FetchError {
     DiskFull { path: PathBuf, bytes: u64 },
     #[error("{url}: sha256 mismatch: expected {expected}, got {actual}; the downloaded data was deleted")]
     ChecksumMismatch { url: String, expected: String, actual: String },
+    #[error(
+        "{}: {what}, not a partial download rtrain wrote: nothing is written through it; remove it and fetch again",
+        part.display()
+    )]
+    PartNotAFile { part: PathBuf, what: &'static str },
     #[error("{}: cannot {action}", path.display())]
     Io {
         path: PathBuf,
@@ -706,22 +713,36 @@ impl PartFile {
         FetchError::Io { path: self.path.clone(), action, source }
     }
 
+    /// The bytes the part holds. Anything but a regular file under the name is refused: a
+    /// symbolic link planted as `OUT.part` would have the download written into the file it
+    /// points to, and then be renamed onto `OUT` (and a FIFO would block the write for ever).
     fn len_on_disk(&self) -> Result<u64, FetchError> {
-        match fs::metadata(&self.path) {
-            Ok(meta) => Ok(meta.len()),
+        match fs::symlink_metadata(&self.path) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                Err(FetchError::PartNotAFile { part: self.path.clone(), what: "a symbolic link" })
+            }
+            Ok(meta) => match crate::util::files::not_regular(&meta) {
+                None => Ok(meta.len()),
+                Some(what) => Err(FetchError::PartNotAFile { part: self.path.clone(), what }),
+            },
             Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(0),
             Err(source) => Err(self.io_error("inspect the partial download", source)),
         }
     }
 
+    /// The part opened by `options`, never through a symbolic link (one that appeared since
+    /// [`PartFile::len_on_disk`] looked is an error, `ELOOP`).
+    fn open(&self, options: &mut OpenOptions, action: &'static str) -> Result<File, FetchError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        options
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&self.path)
+            .map_err(|source| self.io_error(action, source))
+    }
+
     /// Empties the part for a full body.
     fn restart(&mut self) -> Result<File, FetchError> {
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&self.path)
-            .map_err(|source| self.io_error("create", source))?;
+        let file = self.open(OpenOptions::new().write(true).create(true).truncate(true), "create")?;
         self.hasher = Sha256::new();
         self.hashed_len = Some(0);
         Ok(file)
@@ -730,7 +751,7 @@ impl PartFile {
     /// Opens the part to append after its first `start` bytes, bringing the digest up to them.
     fn append(&mut self, start: u64) -> Result<File, FetchError> {
         self.catch_up(start)?;
-        OpenOptions::new().append(true).open(&self.path).map_err(|source| self.io_error("open", source))
+        self.open(OpenOptions::new().append(true), "open")
     }
 
     /// Makes `hasher` cover the first `len` bytes on disk, re-reading them unless it already
@@ -739,7 +760,7 @@ impl PartFile {
         if self.hashed_len == Some(len) {
             return Ok(());
         }
-        let mut file = File::open(&self.path).map_err(|source| self.io_error("open", source))?;
+        let mut file = self.open(OpenOptions::new().read(true), "open")?;
         let mut hasher = Sha256::new();
         let read = hash_into(&mut (&mut file).take(len), &mut hasher)
             .map_err(|source| self.io_error("read", source))?;
@@ -1356,6 +1377,36 @@ mod tests {
         assert!(message.contains(&out.display().to_string()) && message.contains(&sha256_hex(b"stale")));
         assert_eq!(fs::read(&out).unwrap(), b"stale");
         assert!(server.ranges().is_empty());
+    }
+
+    /// Case 50.10: a symbolic link planted as `OUT.part` had the download written through it
+    /// into the file it pointed to, and was then renamed onto `OUT`. It is refused before any
+    /// request, and neither the file it points to nor `OUT` is touched.
+    #[test]
+    fn a_part_that_is_a_link_is_refused_and_nothing_is_written_through_it() {
+        let data = payload();
+        let server = Server::start(&data, vec![], Behaviour::Serve);
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("data.bin");
+        for victim in ["empty.txt", "notes.txt"] {
+            let victim = dir.path().join(victim);
+            let kept: &[u8] = if victim.ends_with("empty.txt") { b"" } else { b"keep me" };
+            fs::write(&victim, kept).unwrap();
+            let part = dir.path().join("data.bin.part");
+            let _ = fs::remove_file(&part);
+            std::os::unix::fs::symlink(&victim, &part).unwrap();
+
+            let err = fetch(&server.url(), &out, &options(&data)).unwrap_err();
+
+            assert!(err.to_string().contains("data.bin.part: a symbolic link"), "{err}");
+            assert_eq!(fs::read(&victim).unwrap(), kept, "written through the link");
+            assert!(out.symlink_metadata().is_err(), "OUT was made");
+            assert!(
+                part.symlink_metadata().unwrap().file_type().is_symlink(),
+                "the link is left to the user"
+            );
+        }
+        assert_eq!(server.ranges(), [], "a request was made");
     }
 
     #[test]
