@@ -39,24 +39,10 @@ pub const REPORTED_FIGURES: [&str; 8] = [
     "mistakes-gradcam.png",
 ];
 
-/// Every file [`Evaluated::write`] writes into its directory, by name: what `rtrain publish`
-/// carries of a run's `evaluation/` and `train --overwrite` deletes there, and nothing else
-/// (a directory a person also keeps notes or edited figures in).
-pub const WRITTEN_FILES: [&str; 13] = [
-    METRICS_FILE,
-    "predictions.csv",
-    "confusion.svg",
-    "confusion.png",
-    "confusion-by-row.svg",
-    "confusion-by-row.png",
-    "reliability.svg",
-    "reliability.png",
-    "roc.svg",
-    "roc.png",
-    "mistakes.png",
-    "mistakes-gradcam.png",
-    "report.md",
-];
+/// Every file [`Evaluated::write`] writes into its directory, by name: the run directory's
+/// list ([`crate::run_dir::EVALUATION_FILES`]), which `train --overwrite` deletes and `rtrain
+/// publish` carries, and nothing else.
+pub use crate::run_dir::EVALUATION_FILES as WRITTEN_FILES;
 
 /// The stage whose Grad-CAM the gallery of mistakes is shown with (`layer4`, as papers do).
 const GALLERY_LAYER: usize = 4;
@@ -322,6 +308,11 @@ pub fn write_for_run(paths: &RunPaths, evaluation: &CheckpointEvaluation, seed: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_run_directorys_list_names_the_metrics_file() {
+        assert!(WRITTEN_FILES.contains(&METRICS_FILE), "{WRITTEN_FILES:?}");
+    }
 
     #[test]
     fn a_metrics_json_that_is_no_regular_file_is_refused_unread() {

@@ -85,6 +85,25 @@ pub enum RunDirError {
     InUse { dir: PathBuf, holder: String },
 }
 
+/// Every file `rtrain eval`/`train` write into a run's `evaluation/` (`report::evaluation`
+/// writes them), by name: what `rtrain publish` carries of it and `train --overwrite` deletes
+/// there, and nothing else (a directory a person also keeps notes or edited figures in).
+pub const EVALUATION_FILES: [&str; 13] = [
+    "metrics.json",
+    "predictions.csv",
+    "confusion.svg",
+    "confusion.png",
+    "confusion-by-row.svg",
+    "confusion-by-row.png",
+    "reliability.svg",
+    "reliability.png",
+    "roc.svg",
+    "roc.png",
+    "mistakes.png",
+    "mistakes-gradcam.png",
+    "report.md",
+];
+
 /// The paths of one run directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunPaths {
@@ -300,9 +319,7 @@ impl RunDir {
             tracing::info!("--overwrite: deleted {}", path.display());
         }
         delete_named(&self.paths.checkpoints(), is_checkpoint_name)?;
-        delete_named(&self.paths.evaluation(), |name| {
-            crate::report::evaluation::WRITTEN_FILES.contains(&name)
-        })?;
+        delete_named(&self.paths.evaluation(), |name| EVALUATION_FILES.contains(&name))?;
         delete_named(&self.paths.tensorboard(), tensorboard::is_event_file)?;
         Ok(())
     }
