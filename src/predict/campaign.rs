@@ -242,35 +242,18 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
 /// Takes the exclusive lock of the output directory `out` (creating both), or names the job
 /// that holds it, as that job wrote itself into the lock file.
 fn lock_out_dir(out: &Path) -> Result<std::fs::File> {
-    use std::io::{Read, Seek, Write};
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let path = out.join(LOCK_FILE);
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    if !crate::util::files::try_lock_exclusive(&file)
+    let me = format!("pid {} on {}", std::process::id(), cluster::hostname());
+    match crate::util::files::lock_with_holder(&path, &me)
         .with_context(|| format!("locking {}", path.display()))?
     {
-        let mut holder = String::new();
-        let _ = file.read_to_string(&mut holder);
-        let holder = match holder.trim() {
-            "" => "holder unknown".to_string(),
-            written => written.to_string(),
-        };
-        bail!(
+        Ok(file) => Ok(file),
+        Err(holder) => bail!(
             "{} is in use by another rtrain ({holder}): wait for it to finish, or choose another --out",
             out.display()
-        );
+        ),
     }
-    let holder = format!("pid {} on {}", std::process::id(), cluster::hostname());
-    let written =
-        file.set_len(0).and_then(|()| file.rewind()).and_then(|()| file.write_all(holder.as_bytes()));
-    written.with_context(|| format!("writing {}", path.display()))?;
-    Ok(file)
 }
 
 fn names_digest(inputs: &Inputs) -> String {

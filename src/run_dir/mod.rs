@@ -609,30 +609,13 @@ fn remove_stale_temporaries(paths: &RunPaths) -> Result<(), RunDirError> {
 /// Takes the run directory's lock, or names the trainer that holds it (as it wrote itself into
 /// the lock file).
 fn take_lock(paths: &RunPaths) -> Result<std::fs::File, RunDirError> {
-    use std::io::{Read, Seek, Write};
     let path = paths.lock();
-    let io = |source| RunDirError::Io { path: path.clone(), source };
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(io)?;
-    if !files::try_lock_exclusive(&file).map_err(io)? {
-        let mut holder = String::new();
-        let _ = file.read_to_string(&mut holder);
-        let holder = match holder.trim() {
-            "" => "holder unknown".to_string(),
-            written => written.to_string(),
-        };
-        return Err(RunDirError::InUse { dir: paths.root().to_path_buf(), holder });
+    let me = format!("pid {} on {}", std::process::id(), crate::cluster::hostname());
+    match files::lock_with_holder(&path, &me) {
+        Ok(Ok(file)) => Ok(file),
+        Ok(Err(holder)) => Err(RunDirError::InUse { dir: paths.root().to_path_buf(), holder }),
+        Err(source) => Err(RunDirError::Io { path, source }),
     }
-    let holder = format!("pid {} on {}", std::process::id(), crate::cluster::hostname());
-    file.set_len(0).map_err(io)?;
-    file.rewind().map_err(io)?;
-    file.write_all(holder.as_bytes()).map_err(io)?;
-    Ok(file)
 }
 
 /// `<run.dir>/<run.name>`, or with no name a sortable, time-stamped one such as

@@ -429,6 +429,11 @@ fn is_finite(tensor: &Tensor) -> bool {
 pub fn open_regular(path: &Path) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    only_regular(file)
+}
+
+/// `file` with its metadata when it is a regular file, else `InvalidInput` saying what it is.
+fn only_regular(file: std::fs::File) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
     let metadata = file.metadata()?;
     match not_regular(&metadata) {
         None => Ok((file, metadata)),
@@ -472,14 +477,7 @@ pub fn open_regular_below(
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
         .open(&path)?;
-    let metadata = file.metadata()?;
-    match not_regular(&metadata) {
-        None => Ok((file, metadata)),
-        Some(what) => Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("{what}, not a regular file: only regular files are read"),
-        )),
-    }
+    only_regular(file)
 }
 
 /// sha256 of the regular file `root/relative`, no link below `root` followed
@@ -553,6 +551,27 @@ pub fn try_lock_exclusive(file: &std::fs::File) -> std::io::Result<bool> {
             error => Err(error),
         },
     }
+}
+
+/// Takes an exclusive lock on the file at `path` (made if missing), held while the returned
+/// file is open, and writes `holder` (who takes it: "pid 12 on node3") into it for the next
+/// one to read; `Ok(Err(holder))` names the one that holds it already, as it wrote itself.
+pub fn lock_with_holder(path: &Path, holder: &str) -> std::io::Result<Result<std::fs::File, String>> {
+    use std::io::{Read, Seek, Write};
+    let mut file =
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
+    if !try_lock_exclusive(&file)? {
+        let mut written = String::new();
+        let _ = file.read_to_string(&mut written);
+        return Ok(Err(match written.trim() {
+            "" => "holder unknown".to_string(),
+            written => written.to_string(),
+        }));
+    }
+    file.set_len(0)?;
+    file.rewind()?;
+    file.write_all(holder.as_bytes())?;
+    Ok(Ok(file))
 }
 
 /// sha256 of a regular file's bytes ([`open_regular`]), hex encoded.
