@@ -132,7 +132,7 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     let sampler = data.train_sampler(plan);
     let steps_per_epoch = plan.steps_per_epoch(sampler.len(), data.train.root())?;
     let loss_weights = data.class_weights(plan)?;
-    let mut trainer = Trainer::new(plan, &model, data.classes(), steps_per_epoch, loss_weights.as_deref());
+    let mut trainer = Trainer::new(plan, &model, data.classes(), steps_per_epoch, loss_weights.as_deref())?;
     let hosts = cluster::gather_strings(comm.as_ref(), &plan.topology.host);
     watchdog::set_hosts(hosts.clone());
     let mut out = RunDir::open(paths, plan.topology.is_root())?;

@@ -80,6 +80,9 @@ pub struct Trainer<'a> {
     /// Rank 0's last completed step, written the moment a stop signal arrives, and the run
     /// directory it goes into ([`Self::keep_stop_snapshot`]).
     stop_snapshot: Option<(StopSnapshot, RunPaths)>,
+    /// The configuration's hash, which every checkpoint records: computed once, not at every
+    /// step's stop snapshot.
+    config_hash: String,
 }
 
 impl<'a> Trainer<'a> {
@@ -91,12 +94,12 @@ impl<'a> Trainer<'a> {
         classes: &[String],
         steps_per_epoch: u64,
         class_weights: Option<&[f64]>,
-    ) -> Trainer<'a> {
+    ) -> Result<Trainer<'a>, TrainError> {
         let config = &plan.config;
         let class_weights = class_weights.map(|weights| {
             Tensor::from_slice(weights).to_kind(tch::Kind::Float).to_device(plan.compute.device)
         });
-        Trainer {
+        Ok(Trainer {
             plan,
             optimizer: Optimizer::new(&config.optim, model.trainable()),
             schedule: Schedule::new(&config.schedule, config.optim.lr, steps_per_epoch, config.train.epochs),
@@ -113,7 +116,8 @@ impl<'a> Trainer<'a> {
             early_stopping: EarlyStopping::new(&config.train.early_stopping),
             stopped_early: None,
             stop_snapshot: None,
-        }
+            config_hash: config.hash()?,
+        })
     }
 
     /// From here on, rank 0 (the rank that writes `out`) keeps each completed step ready to be
@@ -140,7 +144,7 @@ impl<'a> Trainer<'a> {
         totals: &EpochTotals,
     ) -> Result<(), TrainError> {
         let Some((snapshot, paths)) = &self.stop_snapshot else { return Ok(()) };
-        let meta = self.checkpoint_meta(model, epoch, step_in_epoch, *totals)?;
+        let meta = self.checkpoint_meta(model, epoch, step_in_epoch, *totals);
         let path = paths.step_checkpoint(meta.global_step);
         let state = model.state_dict().into_iter().collect();
         snapshot.offer(ReadyCheckpoint::new(path, meta, state, self.optimizer.state_tensors()));
@@ -240,7 +244,7 @@ impl<'a> Trainer<'a> {
             }
             .into());
         }
-        if meta.config_hash != self.plan.config.hash()? {
+        if meta.config_hash != self.config_hash {
             tracing::warn!(
                 "{}: made with another configuration; resuming with the current one",
                 path.display()
@@ -318,7 +322,7 @@ impl<'a> Trainer<'a> {
         if let Some((snapshot, _)) = &self.stop_snapshot {
             snapshot.withdraw();
         }
-        let meta = self.checkpoint_meta(model, epoch, step_in_epoch, totals)?;
+        let meta = self.checkpoint_meta(model, epoch, step_in_epoch, totals);
         let tensors: Vec<(String, Tensor)> = model.state_dict().into_iter().collect();
         let optimizer = self.optimizer.state_tensors();
         let when = format!("checkpoint at step {}", meta.global_step);
@@ -340,9 +344,9 @@ impl<'a> Trainer<'a> {
         epoch: u32,
         step_in_epoch: u64,
         totals: EpochTotals,
-    ) -> Result<CheckpointMeta, TrainError> {
+    ) -> CheckpointMeta {
         let config = &self.plan.config;
-        Ok(CheckpointMeta {
+        CheckpointMeta {
             arch: model.arch,
             num_classes: model.num_classes,
             classes: self.classes.clone(),
@@ -352,7 +356,7 @@ impl<'a> Trainer<'a> {
             global_step: self.optimizer.steps(),
             seed: config.run.seed,
             image_size: Some(config.data.image_size),
-            config_hash: config.hash()?,
+            config_hash: self.config_hash.clone(),
             val_top1: self.last_val_top1,
             best_val_top1: self.best_val_top1,
             epoch_totals: totals,
@@ -360,7 +364,7 @@ impl<'a> Trainer<'a> {
             early_stopping: self.early_stopping.state(),
             accumulate: config.train.accumulate,
             rtrain_version: env!("CARGO_PKG_VERSION").to_string(),
-        })
+        }
     }
 
     /// Logs a finished epoch (its global training sums and evaluation), and saves what the
