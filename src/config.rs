@@ -6,7 +6,7 @@
 //! and `rtrain config show` can say the origin of every value. Raw input is checked here, once:
 //! the rest of the program receives a validated [`Config`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
@@ -410,6 +410,10 @@ pub struct TrainConfig {
     /// (scikit-learn's `n_samples / (n_classes * count_c)` over the training split), or one
     /// weight per class in class order.
     pub class_weights: ClassWeights,
+    /// After training, calibrate the best checkpoint (else the final weights) on the
+    /// validation split with temperature scaling: `calibrated.safetensors` in the run
+    /// directory, as `rtrain calibrate` writes it.
+    pub calibrate: bool,
     /// Stop when a validation metric has not improved for `patience` epochs.
     pub early_stopping: EarlyStoppingConfig,
 }
@@ -703,6 +707,7 @@ impl Default for TrainConfig {
             device: DeviceSetting::Auto,
             accumulate: 1,
             class_weights: ClassWeights::Rule(ClassWeightRule::None),
+            calibrate: false,
             early_stopping: EarlyStoppingConfig::default(),
         }
     }
@@ -799,6 +804,16 @@ impl LoadedConfig {
         let config: Config = figment.extract()?;
         config.validate()?;
         Ok(LoadedConfig { config, figment })
+    }
+
+    /// The dotted keys the user set (in a file, the environment or `--set`), not left at
+    /// their defaults: a model's recorded preprocessing gives way to these.
+    pub fn explicit_keys(&self) -> Result<BTreeSet<String>, ConfigError> {
+        Ok(dotted_leaves(&self.config.to_toml()?)
+            .into_iter()
+            .map(|(key, _)| key)
+            .filter(|key| self.figment.find_metadata(key).is_some_and(|m| describe_origin(m) != "default"))
+            .collect())
     }
 
     /// The resolved configuration as TOML, each value annotated with where it came from.

@@ -4,12 +4,15 @@
 //! owns one concern and returns its own error type.
 
 pub mod bench;
+pub mod calibrate;
+pub mod calibration;
 pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod data;
 pub mod doctor;
 pub mod explain;
+pub mod inference;
 pub mod metrics;
 pub mod model;
 pub mod plan;

@@ -84,6 +84,11 @@ pub struct Metrics {
     pub confusion: Vec<Vec<u64>>,
 }
 
+/// The expected calibration error of `predictions` ([`ECE_BINS`] equal-width bins).
+pub fn ece(predictions: &Predictions) -> f64 {
+    calibration(predictions).0
+}
+
 /// The metrics of `predictions`. Panics if it holds no image or a label outside the classes.
 pub fn compute(predictions: &Predictions) -> Metrics {
     let (n, c) = (predictions.labels.len(), predictions.num_classes);
@@ -237,7 +242,9 @@ fn kappa(confusion: &[Vec<u64>], weight: impl Fn(usize, usize) -> f64) -> f64 {
 
 /// Mean negative log probability of the true class, each row normalised to sum 1 and clipped
 /// to [eps, 1 - eps] with eps the f64 machine epsilon (sklearn's `log_loss`).
-fn log_loss(predictions: &Predictions) -> f64 {
+/// scikit-learn's `log_loss`: the mean negative log-likelihood of the true classes, each row
+/// clipped to [eps, 1 - eps] and renormalised.
+pub fn log_loss(predictions: &Predictions) -> f64 {
     let eps = f64::EPSILON;
     let total: f64 = predictions
         .labels
@@ -417,6 +424,12 @@ pub fn bootstrap(predictions: &Predictions, resamples: usize, seed: u64) -> Inte
         balanced_accuracy: interval(balanced_accuracy),
         quadratic_kappa: interval(quadratic_kappa),
     }
+}
+
+/// The 95% percentile interval of `values` (sorted here), as [`bootstrap`] takes it.
+pub fn percentile_interval(values: &mut [f64]) -> Interval {
+    values.sort_by(f64::total_cmp);
+    Interval { low: percentile(values, 2.5), high: percentile(values, 97.5) }
 }
 
 /// The `q`th percentile of sorted values, interpolating linearly between ranks (numpy's

@@ -165,22 +165,7 @@ impl RunPlan {
     }
 
     pub fn eval_transform(&self) -> Transform {
-        let d = &self.config.data;
-        let geometry = match d.eval_transform {
-            EvalGeometry::ResizeCenterCrop => {
-                Geometry::ResizeCenterCrop { resize: self.config.eval_resize() }
-            }
-            EvalGeometry::Resize => Geometry::Resize { hflip: false },
-        };
-        Transform {
-            size: d.image_size,
-            policy: None,
-            geometry,
-            normalize: d.normalize,
-            jpeg_draft: d.jpeg_draft,
-            exif_orientation: d.exif_orientation,
-            max_image_pixels: d.max_image_pixels,
-        }
+        eval_transform_of(&self.config)
     }
 
     /// The loader's options for training batches; decoding yields to the model when both share
@@ -373,6 +358,27 @@ fn batches_per_epoch(shard_len: usize, batch: usize, drop_last: bool) -> usize {
     match (drop_last, shard_len % batch) {
         (false, remainder) if remainder > 1 => shard_len.div_ceil(batch),
         _ => shard_len / batch,
+    }
+}
+
+/// The evaluation transform `config` describes: `data.image_size`, `data.eval_transform` and
+/// the rest, as evaluation, prediction and a model's recorded preprocessing apply them.
+pub fn eval_transform_of(config: &Config) -> Transform {
+    let d = &config.data;
+    let geometry = match d.eval_transform {
+        EvalGeometry::ResizeCenterCrop => {
+            Geometry::ResizeCenterCrop { resize: config.eval_resize() }
+        }
+        EvalGeometry::Resize => Geometry::Resize { hflip: false },
+    };
+    Transform {
+        size: d.image_size,
+        policy: None,
+        geometry,
+        normalize: d.normalize,
+        jpeg_draft: d.jpeg_draft,
+        exif_orientation: d.exif_orientation,
+        max_image_pixels: d.max_image_pixels,
     }
 }
 

@@ -31,7 +31,7 @@ pub use bench::BenchCommand;
 pub use data::DataCommand;
 pub use doctor::DoctorArgs;
 pub use exit::exit_code;
-pub use model::{EvalArgs, ExplainArgs, ExportArgs, PredictArgs};
+pub use model::{CalibrateArgs, EvalArgs, ExplainArgs, ExportArgs, PredictArgs};
 pub use report::{PublishArgs, ReportArgs, VerifyArgs};
 pub use train::{ReproduceArgs, TrainArgs};
 pub use weights::WeightsCommand;
@@ -64,8 +64,11 @@ pub enum Command {
     Train(TrainArgs),
     /// Evaluate a checkpoint on a split or tree: metrics with intervals, per-image results.
     Eval(EvalArgs),
-    /// Classify images with a checkpoint.
+    /// Classify images with a model, or an ensemble of models.
     Predict(PredictArgs),
+    /// Temperature scaling (and conformal prediction sets) fitted on held-out images, written
+    /// as a new model file that predict, eval and explain apply.
+    Calibrate(CalibrateArgs),
     /// Grad-CAM heatmaps: where in each image the model finds its class.
     Explain(ExplainArgs),
     /// Write a checkpoint's weights as a torchvision state dict (.safetensors).
@@ -139,6 +142,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Train(args) => args.run(),
         Command::Eval(args) => args.run(),
         Command::Predict(args) => args.run(),
+        Command::Calibrate(args) => args.run(),
         Command::Explain(args) => args.run(),
         Command::Export(args) => args.run(),
         Command::Data(command) => command.run(),

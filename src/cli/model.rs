@@ -2,23 +2,67 @@
 //! metrics, with intervals, and per-image results), `rtrain predict` (image files printed; or a campaign's photos into a directory, as
 //! a job), `rtrain explain` (Grad-CAM heatmaps) and `rtrain export` (a torchvision state dict).
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
 
 use super::{exit_code, print, ConfigArgs};
+use crate::calibrate::{self, ConformalRequest};
+use crate::calibration::ConformalMethod;
 use crate::cluster::job;
+use crate::config::Config;
 use crate::explain;
+use crate::inference::{self, Ensemble, Tta};
+use crate::plan::RunPlan;
 use crate::predict;
 use crate::predict::campaign::{self, OnBadImage};
 use crate::run_dir::checkpoint;
 use crate::train::eval;
 
+/// The model a command uses: one file, or several used together (an ensemble).
+#[derive(Debug, Args)]
+pub struct ModelArgs {
+    /// A model file (final weights, a checkpoint or a calibrated model), or a run directory, a
+    /// run group or a bundle of `rtrain publish` for the final weights of each of its runs.
+    /// Repeat for an ensemble: the probabilities are the mean of the members'.
+    #[arg(long = "checkpoint", required = true, value_name = "MODEL")]
+    pub checkpoints: Vec<PathBuf>,
+    /// Test-time augmentation: `flip` averages each image's probabilities with its mirror's.
+    #[arg(long, value_enum, default_value_t = Tta::None)]
+    pub tta: Tta,
+}
+
+impl ModelArgs {
+    /// The models, loaded for `plan`'s device, each with its preprocessing resolved against
+    /// `config` (the keys in `explicit` win).
+    fn load(&self, config: &Config, explicit: &BTreeSet<String>, plan: &RunPlan) -> Result<Ensemble> {
+        let files = inference::model_files(&self.checkpoints)?;
+        let ensemble = Ensemble::load(&files, config, explicit, &plan.compute, self.tta)?;
+        if ensemble.members.len() > 1 {
+            tracing::info!("an ensemble of {} models", ensemble.members.len());
+        }
+        Ok(ensemble)
+    }
+}
+
+/// The configuration (or why it could not be loaded, for the job to report) and the keys the
+/// user set in it.
+fn load_config(args: &ConfigArgs) -> Result<(Result<Config>, BTreeSet<String>)> {
+    match args.load() {
+        Ok(loaded) => {
+            let explicit = loaded.explicit_keys()?;
+            Ok((Ok(loaded.config), explicit))
+        }
+        Err(error) => Ok((Err(error), BTreeSet::new())),
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct EvalArgs {
-    #[arg(long)]
-    pub checkpoint: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
     #[command(flatten)]
     pub config: ConfigArgs,
     /// The split of the data root to evaluate (default: data.val_split), e.g. a held-out `test`.
@@ -75,16 +119,18 @@ fn split_source(
 impl EvalArgs {
     /// Data-parallel under any launcher, as predict --out: rank 0 reports and writes.
     pub(super) fn run(self) -> Result<()> {
-        let loaded = self.config.load().map(|loaded| loaded.config);
+        let (loaded, explicit) = load_config(&self.config)?;
         job::run_in_job(loaded, exit_code, |config, comm| {
             let (root, split) = split_source(config, self.data.as_ref(), self.split.clone());
-            let evaluation =
-                eval::evaluate_checkpoint(config, comm.as_ref(), &self.checkpoint, &root, &split)?;
+            let plan = RunPlan::for_prediction(config, comm.topology())?;
+            let ensemble = self.model.load(config, &explicit, &plan)?;
+            let evaluation = eval::evaluate_ensemble(&plan, comm.as_ref(), &ensemble, &root, &split)?;
             if !comm.topology().is_root() {
                 return Ok(());
             }
             let seed = self.seed.unwrap_or(config.run.seed);
-            let evaluated = crate::report::evaluation::Evaluated::new(&evaluation, self.bootstrap, seed)?;
+            let evaluated = crate::report::evaluation::Evaluated::new(&evaluation, self.bootstrap, seed)?
+                .with_trust(&evaluation, &ensemble, self.bootstrap, seed);
             if let Some(out) = &self.out {
                 evaluated.write(out, &evaluation)?;
             }
@@ -95,8 +141,8 @@ impl EvalArgs {
 
 #[derive(Debug, Args)]
 pub struct PredictArgs {
-    #[arg(long)]
-    pub checkpoint: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
     #[command(flatten)]
     pub config: ConfigArgs,
     /// How many classes to show per image (default 3); with --out, top-k columns.
@@ -121,6 +167,10 @@ pub struct PredictArgs {
     /// ends the job (`error`). Without --out any bad image is an error.
     #[arg(long, value_enum, default_value_t = OnBadImage::Row)]
     pub on_bad_image: OnBadImage,
+    /// With --out and a model calibrated with --conformal: mark the photos whose prediction
+    /// set holds more than one class as abstained (`abstain` column and property; counted).
+    #[arg(long, requires = "out")]
+    pub abstain: bool,
     /// Image files; with --out also directories (searched recursively) and shard sets.
     #[arg(required_unless_present = "from_list", value_name = "INPUT")]
     pub images: Vec<PathBuf>,
@@ -128,24 +178,28 @@ pub struct PredictArgs {
 
 impl PredictArgs {
     pub(super) fn run(self) -> Result<()> {
+        let (loaded, explicit) = load_config(&self.config)?;
         let Some(out) = self.out else {
-            let config = self.config.load()?.config;
-            let predictions =
-                predict::predict_files(&config, &self.checkpoint, &self.images, self.top.unwrap_or(3))?;
+            let config = loaded?;
+            let plan = RunPlan::for_inference(&config);
+            let ensemble = self.model.load(&config, &explicit, &plan)?;
+            let top = self.top.unwrap_or(3);
+            let predictions = predict::predict_files(&ensemble, &plan.compute, &self.images, top)?;
             return print::predictions(&predictions, self.json);
         };
         let request = campaign::Request {
-            checkpoint: self.checkpoint,
             inputs: self.images,
             lists: self.from_list,
             out,
             top: self.top.unwrap_or(0),
             part_size: self.part_size.map(|size| size as usize),
             on_bad_image: self.on_bad_image,
+            abstain: self.abstain,
         };
-        let loaded = self.config.load().map(|loaded| loaded.config);
         job::run_in_job(loaded, exit_code, |config, comm| {
-            if let Some(dir) = campaign::run(config, comm, &request)? {
+            let plan = RunPlan::for_prediction(config, comm.topology())?;
+            let ensemble = self.model.load(config, &explicit, &plan)?;
+            if let Some(dir) = campaign::run(&plan, comm, &ensemble, &request)? {
                 println!("{}", dir.display());
             }
             Ok(())
@@ -155,8 +209,8 @@ impl PredictArgs {
 
 #[derive(Debug, Args)]
 pub struct ExplainArgs {
-    #[arg(long)]
-    pub checkpoint: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
     #[command(flatten)]
     pub config: ConfigArgs,
     /// Write the overlays, maps and index.csv into DIR.
@@ -188,7 +242,10 @@ pub struct ExplainArgs {
 
 impl ExplainArgs {
     pub(super) fn run(self) -> Result<()> {
-        let config = self.config.load()?.config;
+        let (config, explicit) = load_config(&self.config)?;
+        let config = config?;
+        let plan = RunPlan::for_inference(&config);
+        let ensemble = self.model.load(&config, &explicit, &plan)?;
         let images = match &self.data {
             None => explain::Images::Inputs(self.images),
             Some(data) => {
@@ -198,14 +255,69 @@ impl ExplainArgs {
             }
         };
         let request = explain::Request {
-            checkpoint: self.checkpoint,
             images,
             out: self.out,
             layer: self.layer,
             class: self.class,
         };
-        let explained = explain::explain(&config, &request)?;
+        let explained = explain::explain(&ensemble, &plan, &request)?;
         print::explained(&explained, &request.out)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct CalibrateArgs {
+    /// The model to calibrate (one file or run directory).
+    #[arg(long, value_name = "MODEL")]
+    pub checkpoint: PathBuf,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// The held-out split to fit on (default: data.val_split), never the training split.
+    #[arg(long)]
+    pub split: Option<String>,
+    /// Fit on this class-per-folder tree (or, with --split, this data root or shard set).
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// The calibrated model file to write.
+    #[arg(long, value_name = "MODEL2")]
+    pub out: PathBuf,
+    /// Also fit split-conformal prediction sets.
+    #[arg(long)]
+    pub conformal: bool,
+    /// The sets' miscoverage: they hold the true class with probability at least 1 - alpha.
+    #[arg(long, default_value_t = 0.1, requires = "conformal")]
+    pub alpha: f64,
+    /// The conformity score: `lac` (smallest sets) or `aps` (adaptive: larger sets for harder
+    /// photos), as MAPIE names them.
+    #[arg(long, value_enum, default_value_t = ConformalMethod::Lac, requires = "conformal")]
+    pub method: ConformalMethod,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl CalibrateArgs {
+    /// Data-parallel under any launcher, as eval: rank 0 writes the model.
+    pub(super) fn run(self) -> Result<()> {
+        let (loaded, explicit) = load_config(&self.config)?;
+        job::run_in_job(loaded, exit_code, |config, comm| {
+            let (root, split) = split_source(config, self.data.as_ref(), self.split.clone());
+            if self.data.is_none() && split == config.data.train_split {
+                anyhow::bail!("--split {split}: the training split; calibrate on held-out images (data.val_split)");
+            }
+            let plan = RunPlan::for_prediction(config, comm.topology())?;
+            let model = ModelArgs { checkpoints: vec![self.checkpoint.clone()], tta: Tta::None };
+            let ensemble = model.load(config, &explicit, &plan)?;
+            let conformal = self.conformal.then_some(ConformalRequest { method: self.method, alpha: self.alpha });
+            let (calibration, evaluation) =
+                calibrate::fit(&plan, comm.as_ref(), &ensemble, &root, &split, conformal)?;
+            if !comm.topology().is_root() {
+                return Ok(());
+            }
+            calibrate::write(&ensemble, &calibration, &self.out)?;
+            let calibrated = calibrate::Calibrated::new(&ensemble, &evaluation, calibration, &self.out);
+            print::calibrated(&calibrated, self.json)
+        })
     }
 }
 

@@ -38,6 +38,36 @@ pub fn predictions(predictions: &[Prediction], json: bool) -> Result<()> {
     Ok(())
 }
 
+/// What `rtrain calibrate` fitted, and where it wrote the model.
+pub fn calibrated(calibrated: &crate::calibrate::Calibrated, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(calibrated)?);
+        return Ok(());
+    }
+    let c = &calibrated.calibration;
+    println!(
+        "{}: temperature {:.4} fitted on {} images of {} ({}); NLL {:.4} -> {:.4}, ECE {:.4} -> {:.4}",
+        calibrated.model.display(),
+        c.temperature,
+        c.fitted_on.images,
+        c.fitted_on.data,
+        c.fitted_on.split,
+        c.nll_before,
+        c.nll_after,
+        calibrated.ece_before,
+        calibrated.ece_after
+    );
+    if let Some(conformal) = &c.conformal {
+        println!(
+            "conformal prediction sets ({:?}, alpha {}): threshold {:.6}",
+            conformal.method, conformal.alpha, conformal.threshold
+        );
+    }
+    println!("uncertain above entropy {:.4} nats", c.entropy_threshold);
+    println!("{}", calibrated.out.display());
+    Ok(())
+}
+
 /// Each explained image's line, then where the files are.
 pub fn explained(explained: &[Explained], out: &Path) -> Result<()> {
     for row in explained {

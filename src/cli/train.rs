@@ -3,6 +3,7 @@
 //! the set-up every rank takes part in (default data, node-local staging, the run directory's
 //! name), the plan, training; rank 0 alone prints the outcome.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -11,8 +12,10 @@ use clap::Args;
 
 use super::exit::UsageError;
 use super::{exit_code, ConfigArgs};
+use crate::calibrate;
 use crate::cluster::{job, Communicator};
 use crate::config::Config;
+use crate::inference::{Ensemble, Tta};
 use crate::plan::{Resume, RunPlan};
 use crate::run_dir::manifest::Manifest;
 use crate::run_dir::reproduce::{self, Verdict};
@@ -173,6 +176,9 @@ fn train_as_rank(
     paths.check_writable(&plan.resume)?;
     let trained = train::run(&plan, comm, paths.clone()).map_err(preempted_as_such)?;
     write_evaluation(comm.as_ref(), &paths, &trained, config);
+    if config.train.calibrate {
+        calibrate_run(comm.as_ref(), &paths, config)?;
+    }
     Ok(comm.topology().is_root().then(|| paths.summary()))
 }
 
@@ -181,6 +187,29 @@ fn write_evaluation(comm: &dyn Communicator, paths: &RunPaths, trained: &train::
     if let (true, Some(evaluation)) = (comm.topology().is_root(), &trained.best_evaluation) {
         crate::report::evaluation::write_for_run(paths, evaluation, config.run.seed);
     }
+}
+
+/// `train.calibrate`: the best checkpoint (else the final weights) temperature-scaled on the
+/// validation split into the run's `calibrated.safetensors`. A collective.
+fn calibrate_run(comm: &dyn Communicator, paths: &RunPaths, config: &Config) -> Result<()> {
+    let best = paths.best_checkpoint();
+    let model = if best.is_file() { best } else { paths.weights() };
+    let plan = RunPlan::for_prediction(config, comm.topology())?;
+    // The run's own configuration is the model's preprocessing.
+    let ensemble = Ensemble::load(&[model], config, &BTreeSet::new(), &plan.compute, Tta::None)?;
+    let (calibration, _) =
+        calibrate::fit(&plan, comm, &ensemble, &config.data.root, &config.data.val_split, None)?;
+    if comm.topology().is_root() {
+        calibrate::write(&ensemble, &calibration, &paths.calibrated())?;
+        tracing::info!(
+            "calibrated on the validation split: temperature {:.4}, NLL {:.4} -> {:.4}: {}",
+            calibration.temperature,
+            calibration.nll_before,
+            calibration.nll_after,
+            paths.calibrated().display()
+        );
+    }
+    Ok(())
 }
 
 /// Re-runs the run at `original_dir` (whose manifest is `original`, configuration `config`)

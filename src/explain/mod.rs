@@ -13,16 +13,16 @@ use rand::SeedableRng;
 use serde::Serialize;
 use tch::Tensor;
 
-use crate::config::Config;
 use crate::data::dataset::{DataError, Dataset};
 use crate::data::decode::DecodeError;
 use crate::data::loader::transform_encoded;
 use crate::data::shards::ShardError;
 use crate::data::transforms;
+use crate::inference::{Ensemble, InferenceError};
 use crate::model::Model;
 use crate::plan::RunPlan;
 use crate::predict::inputs::{InputError, Inputs};
-use crate::run_dir::checkpoint::{self, CheckpointError};
+use crate::run_dir::checkpoint::CheckpointError;
 use crate::util::files::{self, FileError};
 
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +37,8 @@ pub enum ExplainError {
     Data(#[from] DataError),
     #[error("{image}: cannot decode image: {source}")]
     Decode { image: String, source: DecodeError },
+    #[error("{image}: {source}")]
+    Inference { image: String, source: InferenceError },
     #[error("{image}: Grad-CAM failed: {source}")]
     Torch { image: String, source: tch::TchError },
     #[error("--class {class}: not a class of the checkpoint (its classes: {})", classes.join(", "))]
@@ -60,7 +62,6 @@ pub enum Images {
 }
 
 pub struct Request {
-    pub checkpoint: PathBuf,
     pub images: Images,
     pub out: PathBuf,
     /// `layer1`-`layer4`.
@@ -86,13 +87,15 @@ pub struct Explained {
     pub map: String,
 }
 
-/// Explains the requested images into `request.out`; returns what `index.csv` lists.
-pub fn explain(config: &Config, request: &Request) -> Result<Vec<Explained>, ExplainError> {
+/// Explains the requested images into `request.out`; returns what `index.csv` lists. The
+/// predicted class and the probabilities are `ensemble`'s (with its temperatures and
+/// test-time flips); the map is its first model's Grad-CAM of that class, through that
+/// model's preprocessing.
+pub fn explain(ensemble: &Ensemble, plan: &RunPlan, request: &Request) -> Result<Vec<Explained>, ExplainError> {
     let stage = parse_layer(&request.layer)?;
-    let plan = RunPlan::for_inference(config);
-    let (model, meta) = checkpoint::load_model(&request.checkpoint)?;
-    meta.warn_if_size_differs(&request.checkpoint, config.data.image_size);
-    let class = request.class.as_deref().map(|c| parse_class(c, &meta.classes)).transpose()?;
+    let config = &plan.config;
+    let classes = ensemble.classes();
+    let class = request.class.as_deref().map(|c| parse_class(c, classes)).transpose()?;
     let (dataset, indices): (Arc<dyn Dataset>, Vec<usize>) = match &request.images {
         Images::Inputs(paths) => {
             let inputs = Inputs::gather(paths, &[])?;
@@ -107,24 +110,33 @@ pub fn explain(config: &Config, request: &Request) -> Result<Vec<Explained>, Exp
     };
     std::fs::create_dir_all(&request.out)
         .map_err(|source| ExplainError::CreateDir { path: request.out.clone(), source })?;
-    let mut explainer = Explainer::new(&model, plan.eval_transform(), stage);
+    let first = ensemble.first();
+    let mut explainer = Explainer::new(&first.model, first.transform.clone(), stage);
     let mut explained = Vec::with_capacity(indices.len());
     for (position, &index) in indices.iter().enumerate() {
         let image = dataset.describe(index);
-        let One { cam, overlay, input } = explainer.explain(dataset.as_ref(), index, class)?;
+        let bytes = dataset.encoded(index)?;
+        let probabilities: Vec<f32> = ensemble
+            .classify_encoded(&bytes, &plan.compute)
+            .map_err(|source| ExplainError::Inference { image: image.clone(), source })?
+            .into_iter()
+            .map(|p| p as f32)
+            .collect();
+        let predicted = crate::metrics::argmax(&probabilities);
+        let One { cam, overlay, input } =
+            explainer.explain(dataset.as_ref(), index, Some(class.unwrap_or(predicted)))?;
 
         let stem = output_stem(position, &image);
         let (overlay_name, map_name) = (format!("{stem}.png"), format!("{stem}.safetensors"));
         files::write_png(&request.out.join(&overlay_name), &overlay)?;
-        let predicted = crate::metrics::argmax(&cam.probabilities);
         let row = Explained {
             image,
             // Inputs have no classes of their own, so this is None for them.
             true_class: dataset.label(index).and_then(|label| dataset.classes().get(label).cloned()),
-            predicted: meta.classes[predicted].clone(),
-            predicted_probability: cam.probabilities[predicted],
-            explained: meta.classes[cam.class].clone(),
-            explained_probability: cam.probabilities[cam.class],
+            predicted: classes[predicted].clone(),
+            predicted_probability: probabilities[predicted],
+            explained: classes[cam.class].clone(),
+            explained_probability: probabilities[cam.class],
             layer: request.layer.clone(),
             overlay: overlay_name,
             map: map_name.clone(),

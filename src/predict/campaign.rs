@@ -25,20 +25,18 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use tch::{Kind, Tensor};
 
 use super::inputs::{Ignored, Inputs};
 use super::outputs::{self, FileStamp, Part, Record};
 use crate::cluster::signals::{self, StoppedBySignal};
 use crate::cluster::{self, Communicator};
-use crate::config::Config;
 use crate::data::dataset::{DataError, Dataset};
-use crate::data::loader::{EpochBatches, Loader, LoaderOptions};
+use crate::data::loader::{EpochBatches, LoaderOptions};
 use crate::data::shards::SampleSource;
-use crate::model::Model;
+use crate::inference::{self, Ensemble, MemberRecord, Tta};
 use crate::plan::RunPlan;
-use crate::run_dir::checkpoint;
-use crate::util::files::{is_stale_temporary, sha256_file, write_atomic};
+use crate::run_dir::checkpoint::Calibration;
+use crate::util::files::{is_stale_temporary, write_atomic};
 
 /// What to do with an input that cannot be read or decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -53,7 +51,6 @@ pub enum OnBadImage {
 /// `rtrain predict --out`'s request.
 #[derive(Debug, Clone)]
 pub struct Request {
-    pub checkpoint: PathBuf,
     pub inputs: Vec<PathBuf>,
     pub lists: Vec<PathBuf>,
     pub out: PathBuf,
@@ -63,6 +60,8 @@ pub struct Request {
     /// [`auto_part_size`].
     pub part_size: Option<usize>,
     pub on_bad_image: OnBadImage,
+    /// Mark photos whose conformal prediction set is not one class (`--abstain`).
+    pub abstain: bool,
 }
 
 /// What identifies a job's parts: a rerun continues only the same job.
@@ -71,7 +70,10 @@ struct JobKey {
     /// Images per part (a multiple of the batch size).
     part_size: usize,
     rtrain_version: String,
+    /// The model file's sha256; for an ensemble, the sha256 of its members' in order.
     model_sha256: String,
+    #[serde(default)]
+    tta: Tta,
     /// sha256 over the inputs' paths, in order.
     inputs_sha256: String,
     images: usize,
@@ -100,6 +102,14 @@ fn part_range(part: usize, part_size: usize, images: usize) -> std::ops::Range<u
 struct Summary<'a> {
     model: PathBuf,
     model_sha256: String,
+    /// Every model used (one, or an ensemble's members), with its sha256 and temperature.
+    members: Vec<MemberRecord>,
+    tta: Tta,
+    /// Forward passes per image (members times test-time views): what ensembles and `--tta`
+    /// cost, beside `images_per_second`.
+    passes_per_image: usize,
+    /// The calibration applied (a single calibrated model's), with what it was fitted on.
+    calibration: Option<&'a Calibration>,
     rtrain_version: String,
     inputs: Vec<PathBuf>,
     #[serde(flatten)]
@@ -126,11 +136,16 @@ fn part_path(parts_dir: &Path, part: usize) -> PathBuf {
 }
 
 /// Runs this rank's share of the job; rank 0 returns the directory the outputs were merged into.
-pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> Result<Option<PathBuf>> {
+pub fn run(
+    plan: &RunPlan,
+    comm: Arc<dyn Communicator>,
+    ensemble: &Ensemble,
+    request: &Request,
+) -> Result<Option<PathBuf>> {
     let started = Instant::now();
     signals::install().context("installing the stop-signal handlers")?;
     let topology = comm.topology().clone();
-    let plan = RunPlan::for_prediction(config, &topology)?;
+    let config = &plan.config;
     let lock = if topology.is_root() { lock_out_dir(&request.out).map(Some) } else { Ok(None) };
     cluster::agree(comm.as_ref(), lock.as_ref().map(|_| ()).map_err(|e| format!("{e:#}")))
         .map_err(|failures| anyhow::anyhow!("{}", cluster::describe_failures(&failures)))?;
@@ -150,17 +165,21 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
             inputs.len()
         );
     }
-    let (model, meta) = checkpoint::load_model_on(&request.checkpoint, plan.compute.device)?;
-    meta.warn_if_size_differs(&request.checkpoint, config.data.image_size);
-    plan.compute.prepare_model(&model)?;
+    if request.abstain && ensemble.calibration().and_then(|c| c.conformal.as_ref()).is_none() {
+        bail!(
+            "--abstain needs the prediction sets of one model calibrated with `rtrain calibrate --conformal` ({} is not)",
+            ensemble.first().path.display()
+        );
+    }
     // As `predict` without --out: no more columns than classes (4294967296 of them filled the
     // memory before a photo was read).
-    let top = request.top.min(meta.classes.len());
+    let top = request.top.min(ensemble.classes().len());
     let batch = plan.eval_loader().batch_size;
     let mut key = JobKey {
         part_size: 0,
         rtrain_version: env!("CARGO_PKG_VERSION").to_string(),
-        model_sha256: sha256_file(&request.checkpoint)?,
+        model_sha256: models_sha256(ensemble),
+        tta: ensemble.tta,
         inputs_sha256,
         images: inputs.len(),
         config_hash: config.hash()?,
@@ -183,7 +202,7 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
     let mine: Vec<usize> = (topology.rank..parts).step_by(topology.world_size).collect();
     let (done, todo): (Vec<usize>, Vec<usize>) =
         mine.into_iter().partition(|&p| is_done(&parts_dir, p, &inputs, key.part_size));
-    let classifier = Classifier { model: &model, classes: &meta.classes, plan: &plan, top };
+    let classifier = Classifier { ensemble, plan, top };
     signals::arm();
     let classified = classifier.parts(&inputs, &todo, key.part_size, &parts_dir, request.on_bad_image)?;
     let stopped = classified.is_none() || signals::requested().is_some();
@@ -201,16 +220,23 @@ pub fn run(config: &Config, comm: Arc<dyn Communicator>, request: &Request) -> R
     if !topology.is_root() {
         return Ok(None);
     }
-    let records = read_parts(&parts_dir, parts, &inputs, key.part_size)?;
-    let classes = &meta.classes;
+    let mut records = read_parts(&parts_dir, parts, &inputs, key.part_size)?;
+    if request.abstain {
+        records.iter_mut().for_each(Record::judge_abstention);
+    }
+    let classes = ensemble.classes();
     let out = &request.out;
     write_atomic(&out.join("predictions.csv"), &outputs::csv_bytes(&records, classes, top)?)?;
     write_atomic(&out.join("predictions.jsonl"), &outputs::jsonl_bytes(&records)?)?;
     write_atomic(&out.join("predictions.geojson"), &outputs::geojson_bytes(&records, classes)?)?;
     let wall_seconds = started.elapsed().as_secs_f64();
     let summary = Summary {
-        model: request.checkpoint.clone(),
+        model: ensemble.first().path.clone(),
         model_sha256: key.model_sha256.clone(),
+        members: ensemble.records(),
+        tta: ensemble.tta,
+        passes_per_image: ensemble.passes(),
+        calibration: ensemble.calibration(),
         rtrain_version: key.rtrain_version.clone(),
         inputs: request.inputs.iter().chain(&request.lists).cloned().collect(),
         counts: outputs::counts(&records, classes),
@@ -253,6 +279,20 @@ fn lock_out_dir(out: &Path) -> Result<std::fs::File> {
             "{} is in use by another rtrain ({holder}): wait for it to finish, or choose another --out",
             out.display()
         ),
+    }
+}
+
+/// The model's sha256, or for an ensemble the sha256 of its members' sha256s in order.
+fn models_sha256(ensemble: &Ensemble) -> String {
+    match ensemble.members.as_slice() {
+        [only] => only.sha256.clone(),
+        members => {
+            let mut hasher = Sha256::new();
+            for member in members {
+                hasher.update(member.sha256.as_bytes());
+            }
+            hex::encode(hasher.finalize())
+        }
     }
 }
 
@@ -397,16 +437,15 @@ fn read_parts(parts_dir: &Path, parts: usize, inputs: &Inputs, part_size: usize)
 
 /// The model, with what classifying a part needs.
 struct Classifier<'a> {
-    model: &'a Model,
-    classes: &'a [String],
+    ensemble: &'a Ensemble,
     plan: &'a RunPlan,
     top: usize,
 }
 
 impl Classifier<'_> {
-    /// Classifies `parts` (in order) with one loader, writing each part to `parts_dir` when
-    /// its last batch is done; returns the images classified, or None when a stop signal came
-    /// first (the part in progress is not written).
+    /// Classifies `parts` (in order) with one loader per transform, writing each part to
+    /// `parts_dir` when its last batch is done; returns the images classified, or None when a
+    /// stop signal came first (the part in progress is not written).
     fn parts(
         &self,
         inputs: &Arc<Inputs>,
@@ -420,7 +459,9 @@ impl Classifier<'_> {
         let order: Vec<usize> = parts.iter().flat_map(|&p| part_range(p, part_size, inputs.len())).collect();
         let batches = EpochBatches::every_sample(order.len(), batch_size);
         let dataset: Arc<dyn Dataset> = inputs.clone();
-        let mut loader = Loader::new(dataset, order, self.plan.eval_transform(), batches, options);
+        let mut loader = self.ensemble.loaders(&dataset, &order, batches, &options);
+        let calibration = self.ensemble.calibration();
+        let classes = self.ensemble.classes();
         let mut classified = 0;
         for &part in parts {
             let range = part_range(part, part_size, inputs.len());
@@ -429,12 +470,12 @@ impl Classifier<'_> {
             let mut described = describe_files(inputs, range.clone(), self.plan.loader_workers.max(1));
             let records = &mut described.records;
             // Part sizes are multiples of the batch size: the part's batches are its own.
-            for batch in loader.by_ref().take(range.len().div_ceil(batch_size)) {
+            for views in loader.by_ref().take(range.len().div_ceil(batch_size)) {
                 if signals::requested().is_some() {
                     return Ok(None);
                 }
-                let batch = batch?;
-                for skipped in batch.skipped {
+                let mut views = views?;
+                for skipped in std::mem::take(&mut views[0].skipped) {
                     let reason = match skipped.error {
                         DataError::Decode { source, .. } => format!("cannot decode: {source}"),
                         DataError::Io { source, .. } => format!("cannot read: {source}"),
@@ -445,30 +486,18 @@ impl Classifier<'_> {
                     }
                     records[skipped.index - first].error = Some(reason);
                 }
-                if batch.indices.is_empty() {
+                if views[0].indices.is_empty() {
                     continue;
                 }
-                for (index, probabilities) in batch.indices.iter().zip(self.probabilities(&batch.images)?) {
-                    records[index - first].predicted(self.classes, probabilities, self.top);
+                let probabilities = self.ensemble.probabilities(&inference::images(&views), &self.plan.compute)?;
+                for (index, probabilities) in views[0].indices.iter().zip(inference::rows(&probabilities)?) {
+                    records[index - first].predicted(classes, &probabilities, self.top, calibration);
                 }
             }
             write_atomic(&part_path(parts_dir, part), &outputs::part_bytes(&described)?)?;
             classified += range.len();
         }
         Ok(Some(classified))
-    }
-
-    /// Each image's class probabilities.
-    fn probabilities(&self, images: &Tensor) -> Result<Vec<Vec<f32>>> {
-        let compute = &self.plan.compute;
-        let probabilities = tch::no_grad(|| -> Result<Tensor> {
-            let images = compute.input(images)?;
-            let _autocast = compute.autocast()?;
-            Ok(self.model.forward_t(&images, false).to_kind(Kind::Float).softmax(-1, Kind::Float))
-        })?;
-        let probabilities = probabilities.to_device(tch::Device::Cpu).contiguous();
-        let flat: Vec<f32> = Vec::try_from(probabilities.view([-1])).context("reading probabilities back")?;
-        Ok(flat.chunks(self.classes.len()).map(<[f32]>::to_vec).collect())
     }
 }
 

@@ -11,18 +11,11 @@ pub mod outputs;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-use tch::{Kind, Tensor};
 
-use crate::config::Config;
 use crate::data::decode::{DecodeError, MAX_IMAGE_FILE_BYTES};
-use crate::data::loader::transform_encoded;
-use crate::data::transforms::{self, Transform};
+use crate::inference::{Ensemble, InferenceError};
 use crate::model::precision::Compute;
-use crate::model::Model;
-use crate::plan::RunPlan;
-use crate::run_dir::checkpoint::{self, CheckpointError};
 use crate::util::files::read_regular;
-use crate::util::shim::ShimError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PredictError {
@@ -30,12 +23,8 @@ pub enum PredictError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("{}: cannot decode image: {source}", path.display())]
     Decode { path: PathBuf, source: DecodeError },
-    #[error("{}: {source}", path.display())]
-    Torch { path: PathBuf, source: tch::TchError },
     #[error(transparent)]
-    Shim(#[from] ShimError),
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
+    Inference(#[from] InferenceError),
 }
 
 /// One image's most likely classes, best first.
@@ -52,62 +41,32 @@ pub struct ClassProbability {
     pub probability: f32,
 }
 
-/// The model with what it needs to classify images.
-pub struct Classifier<'a> {
-    pub model: &'a Model,
-    pub classes: &'a [String],
-    pub compute: &'a Compute,
-    pub transform: Transform,
-    pub image_size: u32,
+/// The `top` most likely classes of the image file at `path`, by `ensemble`.
+fn classify(ensemble: &Ensemble, compute: &Compute, path: &Path, top: usize) -> Result<Prediction, PredictError> {
+    let bytes = read_regular(path, MAX_IMAGE_FILE_BYTES)
+        .map_err(|source| PredictError::Read { path: path.to_path_buf(), source })?;
+    let probabilities = ensemble.classify_encoded(&bytes, compute).map_err(|error| match error {
+        InferenceError::Decode(source) => PredictError::Decode { path: path.to_path_buf(), source },
+        other => PredictError::Inference(other),
+    })?;
+    let mut ranked: Vec<(usize, f64)> = probabilities.iter().copied().enumerate().collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+    ranked.truncate(top.max(1));
+    let classes = ensemble.classes();
+    let top: Vec<ClassProbability> = ranked
+        .iter()
+        .map(|&(i, probability)| ClassProbability { class: classes[i].clone(), probability: probability as f32 })
+        .collect();
+    Ok(Prediction { image: path.to_path_buf(), class: top[0].class.clone(), top })
 }
 
-impl Classifier<'_> {
-    /// The `top` most likely classes of the image file at `path`.
-    pub fn classify(&self, path: &Path, top: usize) -> Result<Prediction, PredictError> {
-        let bytes = read_regular(path, MAX_IMAGE_FILE_BYTES)
-            .map_err(|source| PredictError::Read { path: path.to_path_buf(), source })?;
-        let size = i64::from(self.image_size);
-        let mut pixels = vec![0f32; 3 * (size * size) as usize];
-        let mut rng = transforms::sample_rng(0, 0, 0);
-        // As evaluation decodes it (draft scale, orientation), so a prediction agrees with it.
-        transform_encoded(&bytes, &self.transform, &mut rng, &mut pixels)
-            .map_err(|source| PredictError::Decode { path: path.to_path_buf(), source })?;
-        let input = self.compute.input(&Tensor::from_slice(&pixels).view([1, 3, size, size]))?;
-        let probabilities = tch::no_grad(|| -> Result<Tensor, ShimError> {
-            let _autocast = self.compute.autocast()?;
-            Ok(self.model.forward_t(&input, false).softmax(-1, Kind::Float))
-        })?;
-        let probabilities: Vec<f32> = Vec::try_from(probabilities.view([-1]))
-            .map_err(|source| PredictError::Torch { path: path.to_path_buf(), source })?;
-        let mut ranked: Vec<(usize, f32)> = probabilities.iter().copied().enumerate().collect();
-        ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
-        ranked.truncate(top.max(1));
-        let top: Vec<ClassProbability> = ranked
-            .iter()
-            .map(|&(i, probability)| ClassProbability { class: self.classes[i].clone(), probability })
-            .collect();
-        Ok(Prediction { image: path.to_path_buf(), class: top[0].class.clone(), top })
-    }
-}
-
-/// `rtrain predict`: the `top` most likely classes of each image file, with the checkpoint at
-/// `checkpoint`, in one process on the CPU.
+/// `rtrain predict`: the `top` most likely classes of each image file, by `ensemble`, in one
+/// process.
 pub fn predict_files(
-    config: &Config,
-    checkpoint: &Path,
+    ensemble: &Ensemble,
+    compute: &Compute,
     images: &[PathBuf],
     top: usize,
 ) -> Result<Vec<Prediction>, PredictError> {
-    let plan = RunPlan::for_inference(config);
-    let (model, meta) = checkpoint::load_model(checkpoint)?;
-    meta.warn_if_size_differs(checkpoint, config.data.image_size);
-    plan.compute.prepare_model(&model)?;
-    let classifier = Classifier {
-        model: &model,
-        classes: &meta.classes,
-        compute: &plan.compute,
-        transform: plan.eval_transform(),
-        image_size: config.data.image_size,
-    };
-    images.iter().map(|path| classifier.classify(path, top)).collect()
+    images.iter().map(|path| classify(ensemble, compute, path, top)).collect()
 }

@@ -15,7 +15,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::calibration;
 use crate::data::photo::PhotoTags;
+use crate::run_dir::checkpoint::Calibration;
 
 /// One input's prediction, or why it has none.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -42,6 +44,18 @@ pub struct Record {
     pub capture_time: Option<String>,
     /// Why the image has no prediction.
     pub error: Option<String>,
+    /// Shannon entropy (nats) of the probabilities: high where the model cannot tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entropy: Option<f64>,
+    /// Whether the entropy is above the calibrated model's threshold (None: not calibrated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uncertain: Option<bool>,
+    /// The conformal prediction set, in class order (None: no conformal calibration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prediction_set: Option<Vec<String>>,
+    /// With `--abstain`: the set holds more than one class (or none), so no class is claimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abstain: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,12 +90,25 @@ impl Record {
             altitude: gps.and_then(|g| g.altitude),
             capture_time: tags.and_then(|t| t.captured.clone()),
             error: None,
+            entropy: None,
+            uncertain: None,
+            prediction_set: None,
+            abstain: None,
         }
     }
 
-    /// Fills in the prediction from the class probabilities (`classes` in the model's order).
-    pub fn predicted(&mut self, classes: &[String], probabilities: Vec<f32>, top: usize) {
-        let mut ranked: Vec<(usize, f32)> = probabilities.iter().copied().enumerate().collect();
+    /// Fills in the prediction from the class probabilities (`classes` in the model's order),
+    /// and what `calibration` says of them (uncertainty, the prediction set); sets and
+    /// entropy are taken from the f64 probabilities, before they are stored as f32.
+    pub fn predicted(
+        &mut self,
+        classes: &[String],
+        probabilities: &[f64],
+        top: usize,
+        calibration: Option<&Calibration>,
+    ) {
+        let stored: Vec<f32> = probabilities.iter().map(|&p| p as f32).collect();
+        let mut ranked: Vec<(usize, f32)> = stored.iter().copied().enumerate().collect();
         // Stable: equal probabilities keep the class order.
         ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
         let (best, probability) = ranked[0];
@@ -92,7 +119,26 @@ impl Record {
             .take(top)
             .map(|&(i, probability)| TopClass { class: classes[i].clone(), probability })
             .collect();
-        self.probabilities = probabilities;
+        self.probabilities = stored;
+        let entropy = calibration::entropy(probabilities);
+        self.entropy = Some(entropy);
+        self.uncertain = calibration.map(|c| entropy > c.entropy_threshold);
+        self.prediction_set = calibration.and_then(|c| c.conformal.as_ref()).map(|rule| {
+            calibration::prediction_set(probabilities, rule.threshold, rule.method)
+                .into_iter()
+                .map(|k| classes[k].clone())
+                .collect()
+        });
+    }
+
+    /// The size of the prediction set, if there is one.
+    pub fn set_size(&self) -> Option<usize> {
+        self.prediction_set.as_ref().map(Vec::len)
+    }
+
+    /// With `--abstain`: marks a photo whose set is not a single class.
+    pub fn judge_abstention(&mut self) {
+        self.abstain = self.set_size().map(|size| size != 1);
     }
 
     pub fn has_gps(&self) -> bool {
@@ -103,7 +149,8 @@ impl Record {
 /// `predictions.csv`: RFC 4180 (the `csv` crate quotes what needs quoting). Columns: path,
 /// sha256, class, probability, `probability_<class>` per class, `top<i>_class` and
 /// `top<i>_probability` for `--top K`, width, height, orientation, latitude, longitude,
-/// altitude, capture_time, error; empty where a value is absent. Text cells a spreadsheet would
+/// altitude, capture_time, error, entropy, uncertain, prediction_set (class names joined by
+/// `|`), set_size, abstain; empty where a value is absent. Text cells a spreadsheet would
 /// run as a formula are [`neutralised`]; numbers are written as they are.
 pub fn csv_bytes(records: &[Record], classes: &[String], top: usize) -> Result<Vec<u8>, csv::Error> {
     let mut writer = csv::Writer::from_writer(Vec::new());
@@ -113,8 +160,22 @@ pub fn csv_bytes(records: &[Record], classes: &[String], top: usize) -> Result<V
         header.extend([format!("top{i}_class"), format!("top{i}_probability")]);
     }
     header.extend(
-        ["width", "height", "orientation", "latitude", "longitude", "altitude", "capture_time", "error"]
-            .map(String::from),
+        [
+            "width",
+            "height",
+            "orientation",
+            "latitude",
+            "longitude",
+            "altitude",
+            "capture_time",
+            "error",
+            "entropy",
+            "uncertain",
+            "prediction_set",
+            "set_size",
+            "abstain",
+        ]
+        .map(String::from),
     );
     writer.write_record(&header)?;
     let text = |value: Option<String>| value.unwrap_or_default();
@@ -143,6 +204,11 @@ pub fn csv_bytes(records: &[Record], classes: &[String], top: usize) -> Result<V
             text(record.altitude.map(|v| v.to_string())),
             cell(record.capture_time.as_deref()),
             cell(record.error.as_deref()),
+            text(record.entropy.map(|v| v.to_string())),
+            text(record.uncertain.map(|v| v.to_string())),
+            cell(record.prediction_set.as_ref().map(|set| set.join("|")).as_deref()),
+            text(record.set_size().map(|v| v.to_string())),
+            text(record.abstain.map(|v| v.to_string())),
         ]);
         writer.write_record(&row)?;
     }
@@ -303,6 +369,11 @@ fn properties(record: &Record, classes: &[String]) -> serde_json::Value {
     map.insert("altitude".into(), record.altitude.into());
     map.insert("capture_time".into(), record.capture_time.clone().into());
     map.insert("error".into(), record.error.clone().into());
+    map.insert("entropy".into(), record.entropy.into());
+    map.insert("uncertain".into(), record.uncertain.into());
+    map.insert("prediction_set".into(), record.prediction_set.clone().into());
+    map.insert("set_size".into(), record.set_size().into());
+    map.insert("abstain".into(), record.abstain.into());
     serde_json::Value::Object(map)
 }
 
@@ -316,6 +387,12 @@ pub struct Counts {
     /// Classified photos with no GPS position (in the CSV, not on the map).
     pub without_gps: usize,
     pub per_class: BTreeMap<String, usize>,
+    /// Photos whose entropy is above the calibrated threshold (None: not calibrated).
+    pub uncertain: Option<usize>,
+    /// The mean size of the conformal prediction sets (None: no conformal calibration).
+    pub mean_set_size: Option<f64>,
+    /// Photos abstained on (`--abstain`).
+    pub abstained: Option<usize>,
 }
 
 pub fn counts(records: &[Record], classes: &[String]) -> Counts {
@@ -330,7 +407,19 @@ pub fn counts(records: &[Record], classes: &[String]) -> Counts {
         refused: records.len() - classified,
         without_gps: records.iter().filter(|r| r.class.is_some() && !r.has_gps()).count(),
         per_class,
+        uncertain: count_some(records, |r| r.uncertain),
+        mean_set_size: {
+            let sizes: Vec<usize> = records.iter().filter_map(Record::set_size).collect();
+            (!sizes.is_empty()).then(|| sizes.iter().sum::<usize>() as f64 / sizes.len() as f64)
+        },
+        abstained: count_some(records, |r| r.abstain),
     }
+}
+
+/// How many records say true, or None when none says anything.
+fn count_some(records: &[Record], flag: impl Fn(&Record) -> Option<bool>) -> Option<usize> {
+    let said: Vec<bool> = records.iter().filter_map(flag).collect();
+    (!said.is_empty()).then(|| said.iter().filter(|&&f| f).count())
 }
 
 #[cfg(test)]
@@ -344,7 +433,7 @@ mod tests {
     #[test]
     fn the_csv_quotes_and_leaves_absent_values_empty() {
         let mut good = Record::new("a, \"b\".jpg".into(), Some("ab".into()), Some((4, 3)), None);
-        good.predicted(&classes(), vec![0.25, 0.5, 0.25], 2);
+        good.predicted(&classes(), &[0.25, 0.5, 0.25], 2, None);
         let mut bad = Record::new("bad.jpg".into(), None, None, None);
         bad.error = Some("JPEG: not a JPEG file".into());
         let text = String::from_utf8(csv_bytes(&[good, bad], &classes(), 2).unwrap()).unwrap();
@@ -363,7 +452,7 @@ mod tests {
     #[test]
     fn only_photos_with_a_position_are_features_and_counts_say_so() {
         let mut mapped = Record::new("m.jpg".into(), None, None, None);
-        mapped.predicted(&classes(), vec![0.1, 0.2, 0.7], 0);
+        mapped.predicted(&classes(), &[0.1, 0.2, 0.7], 0, None);
         (mapped.latitude, mapped.longitude, mapped.altitude) = (Some(-33.5), Some(151.25), Some(-2.0));
         let mut unmapped = mapped.clone();
         (unmapped.path, unmapped.latitude, unmapped.longitude) = ("u.jpg".into(), None, None);
@@ -391,7 +480,7 @@ mod tests {
         let formulas = ["=1+1", "@SUM(A1)", "+1", "-1", "\t=1", "\r=1"];
         let classes: Vec<String> = formulas.iter().map(|f| f.to_string()).collect();
         let mut record = Record::new("=HYPERLINK(\"http://x\").jpg".into(), None, Some((4, 3)), None);
-        record.predicted(&classes, vec![0.5, 0.1, 0.1, 0.1, 0.1, 0.1], 2);
+        record.predicted(&classes, &[0.5, 0.1, 0.1, 0.1, 0.1, 0.1], 2, None);
         (record.latitude, record.longitude) = (Some(-33.5), Some(-151.25));
         let mut bad = Record::new("-x.jpg".into(), None, None, None);
         bad.error = Some("+cannot decode".into());
@@ -420,7 +509,7 @@ mod tests {
     #[test]
     fn a_part_is_read_only_as_it_was_sealed() {
         let mut record = Record::new("a.jpg".into(), Some("ab".into()), Some((4, 3)), None);
-        record.predicted(&classes(), vec![0.25, 0.5, 0.25], 0);
+        record.predicted(&classes(), &[0.25, 0.5, 0.25], 0, None);
         let stamp = FileStamp { size: 10, modified_s: 1_700_000_000, modified_ns: 5 };
         let records = vec![record.clone(), record];
         let part = Part { records: records.clone(), files: vec![Some(stamp), None] };

@@ -11,6 +11,8 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::explain::Explainer;
+use crate::inference::Ensemble;
+use crate::report::trust::{self, Trust};
 use crate::metrics::{self, Interval, Intervals, Metrics, Predictions};
 use crate::plot;
 use crate::report::gallery;
@@ -59,6 +61,11 @@ pub struct Evaluated {
     pub metrics: Metrics,
     /// 95% percentile-bootstrap intervals; None with `--bootstrap 0`.
     pub intervals: Option<Intervals>,
+    /// What the probabilities are worth: NLL, Brier and ECE (before and after a temperature),
+    /// conformal coverage and set size, uncertain photos (`rtrain eval`; None at the end of
+    /// training).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust: Option<Trust>,
     /// Each class's one-vs-rest ROC curve (None when it has no image, or only its images).
     #[serde(skip)]
     pub roc_curves: Vec<Option<Vec<(f64, f64)>>>,
@@ -85,7 +92,13 @@ impl Evaluated {
             metrics: metrics::compute(&predictions),
             intervals: (resamples > 0).then(|| metrics::bootstrap(&predictions, resamples, seed)),
             roc_curves: (0..evaluation.classes.len()).map(|k| metrics::roc_curve(&predictions, k)).collect(),
+            trust: None,
         })
+    }
+
+    /// With the trust report of `ensemble` (the models `evaluation` was made with).
+    pub fn with_trust(self, evaluation: &CheckpointEvaluation, ensemble: &Ensemble, resamples: usize, seed: u64) -> Self {
+        Evaluated { trust: Some(trust::assess(evaluation, ensemble, resamples, seed)), ..self }
     }
 
     /// Reads `metrics.json` of a directory [`Evaluated::write`] wrote.
@@ -159,6 +172,10 @@ impl Evaluated {
             m.ece,
             metrics::ECE_BINS
         );
+        if let Some(trust) = &self.trust {
+            let _ = writeln!(text, "probabilities:");
+            text.push_str(&trust::describe(trust));
+        }
         let _ = writeln!(text, "confusion (rows: true, columns: predicted):");
         for row in &report.confusion {
             let _ = writeln!(text, "  {row:?}");

@@ -7,3 +7,4 @@ pub mod gallery;
 pub mod runs;
 pub mod scaling;
 pub mod seeds;
+pub mod trust;

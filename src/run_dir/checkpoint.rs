@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
+use crate::calibration::ConformalMethod;
+use crate::model::preprocessing::Preprocessing;
 use crate::model::{Arch, Model, ModelError};
 use crate::util::files::{self, FileError};
 
@@ -66,6 +68,9 @@ pub struct CheckpointMeta {
     /// `data.image_size` of the run.
     #[serde(default)]
     pub image_size: Option<u32>,
+    /// The run's evaluation transform (None in checkpoints of rtrain before 0.2).
+    #[serde(default)]
+    pub preprocessing: Option<Preprocessing>,
     pub config_hash: String,
     /// Validation top-1 of the last completed evaluation, if any, and the best so far.
     pub val_top1: Option<f64>,
@@ -148,8 +153,56 @@ pub struct WeightsMeta {
     /// of rtrain before 0.2.
     #[serde(default)]
     pub image_size: Option<u32>,
+    /// The evaluation transform the model was trained with (None in files of rtrain before
+    /// 0.2): what `predict`, `eval` and `explain` apply by default.
+    #[serde(default)]
+    pub preprocessing: Option<Preprocessing>,
+    /// What `rtrain calibrate` fitted (None: the model's own probabilities).
+    #[serde(default)]
+    pub calibration: Option<Calibration>,
     pub global_step: u64,
     pub rtrain_version: String,
+}
+
+/// What `rtrain calibrate` fitted on held-out images, carried by the calibrated model's file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// Probabilities are softmax(logits / temperature) (temperature scaling; 1: unchanged).
+    pub temperature: f64,
+    /// The images it was fitted on.
+    pub fitted_on: FittedOn,
+    /// The held-out split's mean negative log-likelihood before and after.
+    pub nll_before: f64,
+    pub nll_after: f64,
+    /// Split-conformal prediction sets (`calibrate --conformal`).
+    pub conformal: Option<Conformal>,
+    /// The entropy (nats) of the calibrated probabilities above which a photo is counted as
+    /// uncertain: the [`UNCERTAIN_QUANTILE`] of the fitting split's.
+    pub entropy_threshold: f64,
+}
+
+/// The share of the fitting split's photos less uncertain than [`Calibration::entropy_threshold`].
+pub const UNCERTAIN_QUANTILE: f64 = 0.95;
+
+/// The held-out images a calibration was fitted on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FittedOn {
+    /// The split's directory or shard set, and the split's name.
+    pub data: String,
+    pub split: String,
+    pub images: usize,
+    /// sha256 over every image's name, label and bytes, in the split's order.
+    pub sha256: String,
+}
+
+/// A split-conformal prediction-set rule: the sets cover the true class with probability at
+/// least 1 - alpha on exchangeable images.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Conformal {
+    pub method: ConformalMethod,
+    pub alpha: f64,
+    /// The conformity-score quantile the sets are made with.
+    pub threshold: f64,
 }
 
 impl WeightsMeta {
@@ -161,6 +214,8 @@ impl WeightsMeta {
             classes: meta.classes.clone(),
             head_hidden: meta.head_hidden.clone(),
             image_size: meta.image_size,
+            preprocessing: meta.preprocessing.clone(),
+            calibration: None,
             global_step: meta.global_step,
             rtrain_version: meta.rtrain_version.clone(),
         }
@@ -350,6 +405,7 @@ mod tests {
             global_step: 13,
             seed: 7,
             image_size: Some(32),
+            preprocessing: None,
             config_hash: "abc".into(),
             val_top1: Some(0.5),
             best_val_top1: Some(0.6),

@@ -40,7 +40,9 @@ const CONFIG_FILE: &str = "config.toml";
 const MANIFEST_FILE: &str = "manifest.json";
 const METRICS_FILE: &str = "metrics.jsonl";
 const SUMMARY_FILE: &str = "summary.json";
-const WEIGHTS_FILE: &str = "model.safetensors";
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+/// The final weights with a temperature fitted on the validation split (`train.calibrate`).
+const CALIBRATED_FILE: &str = "calibrated.safetensors";
 const CHECKPOINTS_DIR: &str = "checkpoints";
 const BEST_CHECKPOINT_FILE: &str = "best.safetensors";
 const STEP_CHECKPOINT_PREFIX: &str = "step-";
@@ -138,6 +140,11 @@ impl RunPaths {
     /// The final weights, a torchvision state dict.
     pub fn weights(&self) -> PathBuf {
         self.root.join(WEIGHTS_FILE)
+    }
+
+    /// The best (else final) weights calibrated on the validation split (`train.calibrate`).
+    pub fn calibrated(&self) -> PathBuf {
+        self.root.join(CALIBRATED_FILE)
     }
 
     pub fn checkpoints(&self) -> PathBuf {
@@ -307,7 +314,7 @@ impl RunDir {
         if self.writer.is_none() {
             return Ok(());
         }
-        for name in [CONFIG_FILE, MANIFEST_FILE, METRICS_FILE, SUMMARY_FILE, WEIGHTS_FILE, REPORT_DIR] {
+        for name in [CONFIG_FILE, MANIFEST_FILE, METRICS_FILE, SUMMARY_FILE, WEIGHTS_FILE, CALIBRATED_FILE, REPORT_DIR] {
             let path = self.paths.root().join(name);
             // A link (a `report` pointing elsewhere) is removed itself, never followed.
             let removed = match path.symlink_metadata() {
@@ -647,6 +654,7 @@ mod tests {
             global_step,
             seed: 0,
             image_size: None,
+            preprocessing: None,
             config_hash: "abc".into(),
             val_top1: None,
             best_val_top1: None,

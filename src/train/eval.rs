@@ -12,7 +12,6 @@ use tch::{Kind, Reduction, Tensor};
 
 use crate::cluster;
 use crate::cluster::Communicator;
-use crate::config::Config;
 use crate::data::dataset::DataError;
 use crate::data::dataset::Dataset;
 use crate::data::loader::{EpochBatches, Loader, LoaderOptions};
@@ -20,6 +19,7 @@ use crate::data::transforms::Transform;
 use crate::model::precision::Compute;
 use crate::model::Model;
 use crate::plan::RunPlan;
+use crate::inference::{self, Ensemble, InferenceError, Tta};
 use crate::run_dir::checkpoint;
 use crate::run_dir::records::EvalReport;
 use crate::util::shim::ShimError;
@@ -42,6 +42,8 @@ pub enum EvalError {
     Model(#[from] crate::model::ModelError),
     #[error(transparent)]
     Plan(#[from] crate::plan::PlanError),
+    #[error(transparent)]
+    Inference(#[from] InferenceError),
     #[error("{}: rank {rank} sees {theirs}, rank 0 {root}: every rank must see the same split", dir.display())]
     RanksDiffer { dir: std::path::PathBuf, rank: usize, theirs: String, root: String },
 }
@@ -110,8 +112,9 @@ impl Confusion {
     }
 }
 
-/// One evaluated image: its dataset index, true class, the class of its largest logit, its
-/// cross-entropy loss and the probability of every class.
+/// One evaluated image: its dataset index, true class, the most probable class, its
+/// cross-entropy loss and the probability of every class; for a single model, its logits too
+/// (before any temperature: what `rtrain calibrate` fits on).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ImageResult {
     pub index: usize,
@@ -119,6 +122,8 @@ pub struct ImageResult {
     pub predicted: usize,
     pub loss: f64,
     pub probabilities: Vec<f64>,
+    /// Empty for an ensemble.
+    pub logits: Vec<f64>,
 }
 
 /// This rank's part of `len` samples in batches of `batch_size`: whole batches, batch b to rank
@@ -141,13 +146,17 @@ pub fn gather_images(
     len: usize,
     num_classes: usize,
 ) -> Vec<ImageResult> {
-    // Per row: present, label, predicted, loss, then the probabilities.
-    let width = 4 + num_classes;
+    // Per row: present, label, predicted, loss, has logits, the probabilities, the logits.
+    let width = 5 + 2 * num_classes;
     let mut table = vec![0f64; len * width];
     for image in mine {
         let row = &mut table[image.index * width..(image.index + 1) * width];
-        row[..4].copy_from_slice(&[1.0, image.label as f64, image.predicted as f64, image.loss]);
-        row[4..].copy_from_slice(&image.probabilities);
+        let has_logits = f64::from(u8::from(!image.logits.is_empty()));
+        row[..5].copy_from_slice(&[1.0, image.label as f64, image.predicted as f64, image.loss, has_logits]);
+        row[5..5 + num_classes].copy_from_slice(&image.probabilities);
+        if !image.logits.is_empty() {
+            row[5 + num_classes..].copy_from_slice(&image.logits);
+        }
     }
     comm.all_reduce_sum_f64(&mut table);
     table
@@ -159,7 +168,8 @@ pub fn gather_images(
             label: row[1] as usize,
             predicted: row[2] as usize,
             loss: row[3],
-            probabilities: row[4..].to_vec(),
+            probabilities: row[5..5 + num_classes].to_vec(),
+            logits: if row[4] == 1.0 { row[5 + num_classes..].to_vec() } else { Vec::new() },
         })
         .collect()
 }
@@ -230,6 +240,7 @@ pub fn evaluate(
                         predicted: predicted as usize,
                         loss,
                         probabilities,
+                        logits: Vec::new(),
                     });
                 }
             }
@@ -328,29 +339,26 @@ pub struct CheckpointEvaluation {
     pub transform: Transform,
 }
 
-/// `rtrain eval`: the checkpoint at `path` evaluated on `split` of the data root `root` (a
-/// class-per-folder tree or a shard set), data-parallel over the job's ranks (on the device
-/// training would choose). Every rank returns every image's result, in dataset order, and the
-/// report made from them, the same at any world size. A shard set's shards must still have the
-/// sha256 they were prepared with, as in training. A collective.
-pub fn evaluate_checkpoint(
-    config: &Config,
+/// `rtrain eval` and `rtrain calibrate`: `ensemble` (one model or several, with its
+/// preprocessing, temperatures and test-time flips) evaluated on `split` of the data root
+/// `root` (a class-per-folder tree or a shard set), data-parallel over the job's ranks. Every
+/// rank returns every image's result, in dataset order, and the report made from them, the
+/// same at any world size. A shard set's shards must still have the sha256 they were prepared
+/// with, as in training. A collective.
+pub fn evaluate_ensemble(
+    plan: &RunPlan,
     comm: &dyn Communicator,
-    path: &Path,
+    ensemble: &Ensemble,
     root: &Path,
     split: &str,
 ) -> Result<CheckpointEvaluation, EvalError> {
-    let plan = RunPlan::for_prediction(config, comm.topology())?;
-    let (model, meta) = checkpoint::load_model_on(path, plan.compute.device)?;
-    meta.warn_if_size_differs(path, config.data.image_size);
-    plan.compute.prepare_model(&model)?;
-    let dataset = crate::data::open_split(root, split, &config.data.class_order)?;
+    let dataset = crate::data::open_split(root, split, &plan.config.data.class_order)?;
     crate::data::shards::check_recorded_sha256(dataset.as_ref())?;
-    if dataset.classes() != meta.classes {
+    if dataset.classes() != ensemble.classes() {
         return Err(EvalError::Classes {
             dir: dataset.root().to_path_buf(),
             found: dataset.classes().to_vec(),
-            expected: meta.classes,
+            expected: ensemble.classes().to_vec(),
         });
     }
     let seen = format!("{} images", dataset.len());
@@ -363,8 +371,67 @@ pub fn evaluate_checkpoint(
             root: everyone[0].clone(),
         });
     }
-    let (_, evaluation) = evaluate_every_image(&model, &dataset, &plan, comm, &meta.classes, path)?;
-    Ok(evaluation)
+    let topology = comm.topology();
+    let options = plan.eval_loader();
+    let order = rank_part(dataset.len(), options.batch_size, topology.rank, topology.world_size);
+    let batches = EpochBatches::every_sample(order.len(), options.batch_size);
+    let keep_logits = ensemble.members.len() == 1;
+    let dir = dataset.root().to_path_buf();
+    let mut mine = Vec::with_capacity(order.len());
+    for views in ensemble.loaders(&dataset, &order, batches, &options) {
+        let views = views?;
+        for bad in &views[0].skipped {
+            tracing::warn!("evaluation skipped an undecodable sample (data.on_bad_sample = skip): {bad}");
+        }
+        if views[0].indices.is_empty() {
+            continue;
+        }
+        let read_back = |source| EvalError::ReadBack { dir: dir.clone(), source };
+        let probabilities = ensemble.probabilities(&inference::images(&views), &plan.compute)?;
+        let labels: Vec<i64> = Vec::try_from(&views[0].labels).map_err(read_back)?;
+        // A single model's loss from its log-softmax, exact where a probability underflows.
+        let log_probabilities = match (keep_logits, ensemble.tta) {
+            (true, Tta::None) => {
+                let member = ensemble.first();
+                (member.logits(&views[0].images, &plan.compute)? / member.temperature())
+                    .log_softmax(-1, Kind::Double)
+            }
+            _ => probabilities.log(),
+        };
+        let losses: Vec<f64> = Vec::try_from(
+            -log_probabilities.gather(1, &views[0].labels.unsqueeze(1), false).squeeze_dim(1),
+        )
+        .map_err(read_back)?;
+        let logits = match keep_logits {
+            true => inference::rows(&ensemble.first().logits(&views[0].images, &plan.compute)?)?,
+            false => vec![Vec::new(); labels.len()],
+        };
+        let rows = inference::rows(&probabilities)?;
+        let per_image = views[0].indices.iter().zip(&labels).zip(losses).zip(rows).zip(logits);
+        for ((((&index, &label), loss), probabilities), logits) in per_image {
+            mine.push(ImageResult {
+                index,
+                label: label as usize,
+                predicted: crate::metrics::argmax(&probabilities),
+                loss,
+                probabilities,
+                logits,
+            });
+        }
+    }
+    if topology.world_size > 1 {
+        tracing::info!("rank {} evaluated {} of {} images", topology.rank, mine.len(), dataset.len());
+    }
+    let images = gather_images(comm, &mine, dataset.len(), ensemble.classes().len());
+    let first = ensemble.first();
+    Ok(CheckpointEvaluation {
+        report: report_of(&images, ensemble.classes().len()),
+        classes: ensemble.classes().to_vec(),
+        dataset,
+        images,
+        checkpoint: first.path.clone(),
+        transform: first.transform.clone(),
+    })
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ use super::step::{self, GradientSync, MicroBatch, StepContext, StepOutput};
 use super::stop_snapshot::{ReadyCheckpoint, StopSnapshot};
 use super::{reduce_totals, sync_buffers, Splits, TrainError};
 use crate::cluster::Communicator;
+use crate::model::preprocessing::Preprocessing;
 use crate::model::Model;
 use crate::plan::RunPlan;
 use crate::run_dir::checkpoint::{self, CheckpointError, CheckpointMeta, EpochTotals, WeightsMeta};
@@ -356,6 +357,7 @@ impl<'a> Trainer<'a> {
             global_step: self.optimizer.steps(),
             seed: config.run.seed,
             image_size: Some(config.data.image_size),
+            preprocessing: Some(Preprocessing::of_config(config)),
             config_hash: self.config_hash.clone(),
             val_top1: self.last_val_top1,
             best_val_top1: self.best_val_top1,
@@ -472,6 +474,8 @@ impl<'a> Trainer<'a> {
             classes: self.classes.clone(),
             head_hidden: model.head_hidden.clone(),
             image_size: Some(self.plan.config.data.image_size),
+            preprocessing: Some(Preprocessing::of_config(&self.plan.config)),
+            calibration: None,
             global_step: self.optimizer.steps(),
             rtrain_version: env!("CARGO_PKG_VERSION").to_string(),
         }

@@ -206,6 +206,7 @@ pub fn checkpoint_meta(
         global_step,
         seed: 0,
         image_size: Some(image_size),
+        preprocessing: None,
         config_hash: String::new(),
         val_top1: None,
         best_val_top1: None,
