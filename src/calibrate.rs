@@ -117,7 +117,7 @@ pub fn write(ensemble: &Ensemble, calibration: &Calibration, out: &Path) -> Resu
     let meta = WeightsMeta {
         calibration: Some(calibration.clone()),
         // A file from before preprocessing was recorded gets the one it was calibrated with.
-        preprocessing: Some(crate::model::preprocessing::Preprocessing::of_config(&member.config)),
+        preprocessing: Some(crate::run_dir::preprocessing::Preprocessing::of_config(&member.config)),
         ..member.meta.clone()
     };
     member

@@ -21,7 +21,7 @@ use crate::data::decode::DecodeError;
 use crate::data::loader::{transform_encoded, Batch, EpochBatches, Loader, LoaderOptions};
 use crate::data::transforms::{self, Transform};
 use crate::model::precision::Compute;
-use crate::model::preprocessing;
+use crate::run_dir::preprocessing;
 use crate::model::Model;
 use crate::plan::eval_transform_of;
 use crate::run_dir::checkpoint::{self, Calibration, CheckpointError, WeightsMeta};

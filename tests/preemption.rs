@@ -259,13 +259,15 @@ fn slow_step_stopped_at_the_time_limit(mut slow: Command, run: &Path, killed: bo
     std::thread::sleep(Duration::from_millis(50));
     signal(child.id(), "CONT");
     signal(child.id(), "TERM");
-    while checkpoints(run).is_empty() && first_sigterm.elapsed() < Duration::from_secs(5) {
+    // Well before the 10 s step in flight ends (the old code wrote nothing until then), with
+    // room for a loaded machine (3.5 s seen with two builds beside it; 0.7 s alone).
+    while checkpoints(run).is_empty() && first_sigterm.elapsed() < Duration::from_secs(8) {
         std::thread::sleep(Duration::from_millis(10));
     }
     let within = first_sigterm.elapsed();
     let rescued = checkpoints(run);
     assert_eq!(rescued.len(), 1, "a checkpoint of the last completed step: {rescued:?}");
-    assert!(within < Duration::from_secs(2), "the stop checkpoint took {within:?}");
+    assert!(within < Duration::from_secs(8), "the stop checkpoint took {within:?}");
     let meta = rtrain::run_dir::checkpoint::read_meta(&rescued[0]).unwrap();
     assert_eq!((meta.epoch, meta.step_in_epoch, meta.global_step), (0, 1, 1), "{meta:?}");
     if killed {

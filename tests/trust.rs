@@ -41,6 +41,7 @@ fn trained() -> &'static Trained {
             .args(["--set", "data.image_size=32", "--set", "data.eval_transform=resize"])
             .args(["--set", "data.jpeg_draft=false", "--set", "data.batch_size=16"])
             .args(["--set", "train.epochs=4", "--set", "train.threads=1", "--set", "checkpoint.every_steps=5"])
+            .args(["--set", "train.calibrate=true"])
             .args(FP32)
             .output()
             .unwrap();
@@ -243,6 +244,21 @@ fn the_temperature_is_scikit_learns_on_torchvisions_logits() {
     let summary: Value =
         serde_json::from_slice(&std::fs::read(t.dir.join("calibrated-train/summary.json")).unwrap()).unwrap();
     assert_eq!(summary["calibration"]["temperature"].as_f64(), Some(temperature));
+
+    // train.calibrate = true calibrated the best checkpoint on the validation split as
+    // `rtrain calibrate` does.
+    let output = common::rtrain(&t.dir)
+        .args(["calibrate", "--checkpoint", "run/checkpoints/best.safetensors", "--data"])
+        .arg(t.data.join("val"))
+        .args(["--out", "best-calibrated.safetensors", "--json"])
+        .args(FP32)
+        .output()
+        .unwrap();
+    let best = json_of(output, "rtrain calibrate (best)")["calibration"]["temperature"].as_f64().unwrap();
+    let metadata = rtrain::util::files::read_metadata(&t.run.join("calibrated.safetensors")).unwrap();
+    let recorded: Value = serde_json::from_str(&metadata["rtrain.weights"]).unwrap();
+    assert_eq!(recorded["calibration"]["temperature"].as_f64(), Some(best));
+    assert_eq!(recorded["preprocessing"]["image_size"], 32);
 }
 
 /// eval's NLL, Brier score and ECE, after the temperature and before it, are scikit-learn's

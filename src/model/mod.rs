@@ -8,7 +8,6 @@
 pub mod batchnorm;
 pub mod flops;
 pub mod precision;
-pub mod preprocessing;
 pub mod resnet;
 pub mod weights;
 

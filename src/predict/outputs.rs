@@ -442,11 +442,16 @@ mod tests {
             lines[0],
             "path,sha256,class,probability,probability_C0,probability_C2,probability_C4,top1_class,\
              top1_probability,top2_class,top2_probability,width,height,orientation,latitude,longitude,\
-             altitude,capture_time,error"
+             altitude,capture_time,error,entropy,uncertain,prediction_set,set_size,abstain"
         );
-        // Equal probabilities keep the class order (C0 before C4).
-        assert_eq!(lines[1], "\"a, \"\"b\"\".jpg\",ab,C2,0.5,0.25,0.5,0.25,C2,0.5,C0,0.25,4,3,,,,,,");
-        assert_eq!(lines[2], "bad.jpg,,,,,,,,,,,,,,,,,,JPEG: not a JPEG file");
+        // Equal probabilities keep the class order (C0 before C4); the entropy of (1/4, 1/2,
+        // 1/4) is 1.5 ln 2.
+        let entropy = 1.5 * std::f64::consts::LN_2;
+        assert_eq!(
+            lines[1],
+            format!("\"a, \"\"b\"\".jpg\",ab,C2,0.5,0.25,0.5,0.25,C2,0.5,C0,0.25,4,3,,,,,,,{entropy},,,,")
+        );
+        assert_eq!(lines[2], "bad.jpg,,,,,,,,,,,,,,,,,,JPEG: not a JPEG file,,,,,");
     }
 
     #[test]

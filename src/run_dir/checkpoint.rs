@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
 use crate::calibration::ConformalMethod;
-use crate::model::preprocessing::Preprocessing;
+use crate::run_dir::preprocessing::Preprocessing;
 use crate::model::{Arch, Model, ModelError};
 use crate::util::files::{self, FileError};
 

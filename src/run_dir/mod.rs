@@ -22,6 +22,7 @@
 
 pub mod checkpoint;
 pub mod manifest;
+pub mod preprocessing;
 pub mod records;
 pub mod reproduce;
 pub mod tensorboard;

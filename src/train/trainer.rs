@@ -17,7 +17,7 @@ use super::step::{self, GradientSync, MicroBatch, StepContext, StepOutput};
 use super::stop_snapshot::{ReadyCheckpoint, StopSnapshot};
 use super::{reduce_totals, sync_buffers, Splits, TrainError};
 use crate::cluster::Communicator;
-use crate::model::preprocessing::Preprocessing;
+use crate::run_dir::preprocessing::Preprocessing;
 use crate::model::Model;
 use crate::plan::RunPlan;
 use crate::run_dir::checkpoint::{self, CheckpointError, CheckpointMeta, EpochTotals, WeightsMeta};
