@@ -223,7 +223,9 @@ impl Ensemble {
             };
             view_of.push(view);
         }
-        Ok(Ensemble { members, tta, views, view_of })
+        let ensemble = Ensemble { members, tta, views, view_of };
+        ensemble.warn_of_unused_calibration();
+        Ok(ensemble)
     }
 
     pub fn classes(&self) -> &[String] {
@@ -236,11 +238,29 @@ impl Ensemble {
     }
 
     /// The calibration whose prediction sets and uncertainty threshold apply: a single
-    /// model's (an ensemble's probabilities are not any member's, so no member's sets hold).
+    /// model's, used without test-time views. They were fitted on that model's one-view
+    /// probabilities; an ensemble's mean or a flip's average is another score, for which
+    /// their coverage promise does not hold (each member's temperature still applies).
     pub fn calibration(&self) -> Option<&Calibration> {
-        match self.members.as_slice() {
-            [only] => only.meta.calibration.as_ref(),
+        match (self.members.as_slice(), self.tta) {
+            ([only], Tta::None) => only.meta.calibration.as_ref(),
             _ => None,
+        }
+    }
+
+    /// Warns when members carry prediction sets or uncertainty thresholds that
+    /// [`Self::calibration`] leaves out.
+    fn warn_of_unused_calibration(&self) {
+        let Some(member) = self.members.iter().find(|m| m.meta.calibration.is_some()) else { return };
+        let why = match self.members.len() {
+            1 => "--tta flip averages views it was not fitted on",
+            _ => "an ensemble's mean is not the probability any one member was fitted on",
+        };
+        if self.calibration().is_none() {
+            tracing::warn!(
+                "{}: its prediction sets and uncertainty threshold are not applied ({why}): no prediction_set, uncertain or abstain; its temperature is",
+                member.path.display()
+            );
         }
     }
 

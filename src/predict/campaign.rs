@@ -167,7 +167,7 @@ pub fn run(
     }
     if request.abstain && ensemble.calibration().and_then(|c| c.conformal.as_ref()).is_none() {
         bail!(
-            "--abstain needs the prediction sets of one model calibrated with `rtrain calibrate --conformal` ({} is not)",
+            "--abstain needs the prediction sets of one model calibrated with `rtrain calibrate --conformal`, used without --tta ({} has none that apply)",
             ensemble.first().path.display()
         );
     }

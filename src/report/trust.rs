@@ -78,7 +78,8 @@ pub fn assess(evaluation: &CheckpointEvaluation, ensemble: &Ensemble, resamples:
     let probabilities: Vec<Vec<f64>> = evaluation.images.iter().map(|i| i.probabilities.clone()).collect();
     let num_classes = evaluation.classes.len();
     let calibration = ensemble.calibration();
-    let before_temperature = calibration.filter(|_| ensemble.tta == Tta::None).map(|_| {
+    // Before the temperature: the single model's own softmax of one view (its logits).
+    let before_temperature = calibration.map(|_| {
         let raw: Vec<Vec<f64>> =
             evaluation.images.iter().map(|i| calibration::softmax(&i.logits, 1.0)).collect();
         scores(&labels, &raw, num_classes, resamples, seed)
@@ -126,7 +127,10 @@ pub fn assess(evaluation: &CheckpointEvaluation, ensemble: &Ensemble, resamples:
         tta: ensemble.tta,
         scores: scores(&labels, &probabilities, num_classes, resamples, seed),
         before_temperature,
-        temperature: calibration.map(|c| c.temperature),
+        temperature: match ensemble.members.as_slice() {
+            [only] => only.meta.calibration.as_ref().map(|c| c.temperature),
+            _ => None,
+        },
         sets,
         uncertain,
     }
