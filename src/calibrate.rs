@@ -39,7 +39,12 @@ pub struct Calibrated {
 
 impl Calibrated {
     /// What calibrating `ensemble`'s model on `evaluation` into `out` did.
-    pub fn new(ensemble: &Ensemble, evaluation: &CheckpointEvaluation, calibration: Calibration, out: &Path) -> Self {
+    pub fn new(
+        ensemble: &Ensemble,
+        evaluation: &CheckpointEvaluation,
+        calibration: Calibration,
+        out: &Path,
+    ) -> Self {
         let labels: Vec<usize> = evaluation.images.iter().map(|i| i.label).collect();
         let ece = |temperature: f64| {
             let probabilities: Vec<Vec<f64>> =
@@ -135,7 +140,11 @@ pub fn split_sha256(split: &dyn Dataset) -> Result<String> {
         let name = split.describe(index);
         let name = name.strip_prefix(&split.root().display().to_string()).unwrap_or(&name).to_string();
         let bytes = split.encoded(index).with_context(|| format!("reading {}", split.describe(index)))?;
-        for part in [name.as_bytes(), &split.label(index).unwrap_or(usize::MAX).to_le_bytes(), &Sha256::digest(&bytes)] {
+        for part in [
+            name.as_bytes(),
+            &split.label(index).unwrap_or(usize::MAX).to_le_bytes(),
+            &Sha256::digest(&bytes),
+        ] {
             hasher.update((part.len() as u64).to_le_bytes());
             hasher.update(part);
         }

@@ -810,8 +810,7 @@ impl LoadedConfig {
     /// their defaults: a model's recorded preprocessing gives way to these.
     pub fn explicit_keys(&self) -> Result<BTreeSet<String>, ConfigError> {
         Ok(dotted_leaves(&self.config.to_toml()?)
-            .into_iter()
-            .map(|(key, _)| key)
+            .into_keys()
             .filter(|key| self.figment.find_metadata(key).is_some_and(|m| describe_origin(m) != "default"))
             .collect())
     }

@@ -21,10 +21,10 @@ use crate::data::decode::DecodeError;
 use crate::data::loader::{transform_encoded, Batch, EpochBatches, Loader, LoaderOptions};
 use crate::data::transforms::{self, Transform};
 use crate::model::precision::Compute;
-use crate::run_dir::preprocessing;
 use crate::model::Model;
 use crate::plan::eval_transform_of;
 use crate::run_dir::checkpoint::{self, Calibration, CheckpointError, WeightsMeta};
+use crate::run_dir::preprocessing;
 use crate::run_dir::RunPaths;
 use crate::util::files::{sha256_file, FileError};
 use crate::util::shim::ShimError;
@@ -77,7 +77,7 @@ pub fn model_files(arguments: &[PathBuf]) -> Result<Vec<PathBuf>, InferenceError
         let io = |source| InferenceError::Io { path: group.clone(), source };
         let mut runs: Vec<PathBuf> = std::fs::read_dir(&group)
             .map_err(io)?
-            .map(|entry| entry.map(|e| RunPaths::new(&e.path()).weights()))
+            .map(|entry| entry.map(|e| RunPaths::new(e.path()).weights()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(io)?;
         runs.retain(|weights| weights.is_file());
@@ -157,7 +157,12 @@ impl Member {
     }
 
     /// `softmax(logits / T)` of a batch and, with `tta`, of its mirror, averaged (`[B, C]` f64).
-    pub fn probabilities(&self, images: &Tensor, tta: Tta, compute: &Compute) -> Result<Tensor, InferenceError> {
+    pub fn probabilities(
+        &self,
+        images: &Tensor,
+        tta: Tta,
+        compute: &Compute,
+    ) -> Result<Tensor, InferenceError> {
         let temperature = self.temperature();
         let scaled = |images: &Tensor| -> Result<Tensor, InferenceError> {
             Ok((self.logits(images, compute)? / temperature).softmax(-1, Kind::Double))
@@ -356,7 +361,8 @@ impl Iterator for Views {
             }
         }
         if let Some(other) = batches.iter().find(|b| b.indices != batches[0].indices) {
-            let error = InferenceError::Views { first: batches[0].indices.clone(), other: other.indices.clone() };
+            let error =
+                InferenceError::Views { first: batches[0].indices.clone(), other: other.indices.clone() };
             return Some(Err(error));
         }
         Some(Ok(batches))

@@ -366,9 +366,7 @@ fn batches_per_epoch(shard_len: usize, batch: usize, drop_last: bool) -> usize {
 pub fn eval_transform_of(config: &Config) -> Transform {
     let d = &config.data;
     let geometry = match d.eval_transform {
-        EvalGeometry::ResizeCenterCrop => {
-            Geometry::ResizeCenterCrop { resize: config.eval_resize() }
-        }
+        EvalGeometry::ResizeCenterCrop => Geometry::ResizeCenterCrop { resize: config.eval_resize() },
         EvalGeometry::Resize => Geometry::Resize { hflip: false },
     };
     Transform {

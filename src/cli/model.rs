@@ -254,12 +254,7 @@ impl ExplainArgs {
                 explain::Images::Sample { root, split, count: self.count, seed }
             }
         };
-        let request = explain::Request {
-            images,
-            out: self.out,
-            layer: self.layer,
-            class: self.class,
-        };
+        let request = explain::Request { images, out: self.out, layer: self.layer, class: self.class };
         let explained = explain::explain(&ensemble, &plan, &request)?;
         print::explained(&explained, &request.out)
     }
@@ -303,12 +298,15 @@ impl CalibrateArgs {
         job::run_in_job(loaded, exit_code, |config, comm| {
             let (root, split) = split_source(config, self.data.as_ref(), self.split.clone());
             if self.data.is_none() && split == config.data.train_split {
-                anyhow::bail!("--split {split}: the training split; calibrate on held-out images (data.val_split)");
+                anyhow::bail!(
+                    "--split {split}: the training split; calibrate on held-out images (data.val_split)"
+                );
             }
             let plan = RunPlan::for_prediction(config, comm.topology())?;
             let model = ModelArgs { checkpoints: vec![self.checkpoint.clone()], tta: Tta::None };
             let ensemble = model.load(config, &explicit, &plan)?;
-            let conformal = self.conformal.then_some(ConformalRequest { method: self.method, alpha: self.alpha });
+            let conformal =
+                self.conformal.then_some(ConformalRequest { method: self.method, alpha: self.alpha });
             let (calibration, evaluation) =
                 calibrate::fit(&plan, comm.as_ref(), &ensemble, &root, &split, conformal)?;
             if !comm.topology().is_root() {

@@ -38,7 +38,7 @@ pub enum ExplainError {
     #[error("{image}: cannot decode image: {source}")]
     Decode { image: String, source: DecodeError },
     #[error("{image}: {source}")]
-    Inference { image: String, source: InferenceError },
+    Inference { image: String, source: Box<InferenceError> },
     #[error("{image}: Grad-CAM failed: {source}")]
     Torch { image: String, source: tch::TchError },
     #[error("--class {class}: not a class of the checkpoint (its classes: {})", classes.join(", "))]
@@ -91,7 +91,11 @@ pub struct Explained {
 /// predicted class and the probabilities are `ensemble`'s (with its temperatures and
 /// test-time flips); the map is its first model's Grad-CAM of that class, through that
 /// model's preprocessing.
-pub fn explain(ensemble: &Ensemble, plan: &RunPlan, request: &Request) -> Result<Vec<Explained>, ExplainError> {
+pub fn explain(
+    ensemble: &Ensemble,
+    plan: &RunPlan,
+    request: &Request,
+) -> Result<Vec<Explained>, ExplainError> {
     let stage = parse_layer(&request.layer)?;
     let config = &plan.config;
     let classes = ensemble.classes();
@@ -118,7 +122,7 @@ pub fn explain(ensemble: &Ensemble, plan: &RunPlan, request: &Request) -> Result
         let bytes = dataset.encoded(index)?;
         let probabilities: Vec<f32> = ensemble
             .classify_encoded(&bytes, &plan.compute)
-            .map_err(|source| ExplainError::Inference { image: image.clone(), source })?
+            .map_err(|source| ExplainError::Inference { image: image.clone(), source: Box::new(source) })?
             .into_iter()
             .map(|p| p as f32)
             .collect();

@@ -489,7 +489,8 @@ impl Classifier<'_> {
                 if views[0].indices.is_empty() {
                     continue;
                 }
-                let probabilities = self.ensemble.probabilities(&inference::images(&views), &self.plan.compute)?;
+                let probabilities =
+                    self.ensemble.probabilities(&inference::images(&views), &self.plan.compute)?;
                 for (index, probabilities) in views[0].indices.iter().zip(inference::rows(&probabilities)?) {
                     records[index - first].predicted(classes, &probabilities, self.top, calibration);
                 }

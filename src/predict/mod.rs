@@ -42,7 +42,12 @@ pub struct ClassProbability {
 }
 
 /// The `top` most likely classes of the image file at `path`, by `ensemble`.
-fn classify(ensemble: &Ensemble, compute: &Compute, path: &Path, top: usize) -> Result<Prediction, PredictError> {
+fn classify(
+    ensemble: &Ensemble,
+    compute: &Compute,
+    path: &Path,
+    top: usize,
+) -> Result<Prediction, PredictError> {
     let bytes = read_regular(path, MAX_IMAGE_FILE_BYTES)
         .map_err(|source| PredictError::Read { path: path.to_path_buf(), source })?;
     let probabilities = ensemble.classify_encoded(&bytes, compute).map_err(|error| match error {
@@ -55,7 +60,10 @@ fn classify(ensemble: &Ensemble, compute: &Compute, path: &Path, top: usize) -> 
     let classes = ensemble.classes();
     let top: Vec<ClassProbability> = ranked
         .iter()
-        .map(|&(i, probability)| ClassProbability { class: classes[i].clone(), probability: probability as f32 })
+        .map(|&(i, probability)| ClassProbability {
+            class: classes[i].clone(),
+            probability: probability as f32,
+        })
         .collect();
     Ok(Prediction { image: path.to_path_buf(), class: top[0].class.clone(), top })
 }

@@ -12,10 +12,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::explain::Explainer;
 use crate::inference::Ensemble;
-use crate::report::trust::{self, Trust};
 use crate::metrics::{self, Interval, Intervals, Metrics, Predictions};
 use crate::plot;
 use crate::report::gallery;
+use crate::report::trust::{self, Trust};
 use crate::run_dir::checkpoint;
 use crate::run_dir::records::EvalReport;
 use crate::run_dir::RunPaths;
@@ -97,7 +97,13 @@ impl Evaluated {
     }
 
     /// With the trust report of `ensemble` (the models `evaluation` was made with).
-    pub fn with_trust(self, evaluation: &CheckpointEvaluation, ensemble: &Ensemble, resamples: usize, seed: u64) -> Self {
+    pub fn with_trust(
+        self,
+        evaluation: &CheckpointEvaluation,
+        ensemble: &Ensemble,
+        resamples: usize,
+        seed: u64,
+    ) -> Self {
         Evaluated { trust: Some(trust::assess(evaluation, ensemble, resamples, seed)), ..self }
     }
 

@@ -142,7 +142,14 @@ mod tests {
     use super::*;
 
     fn image(index: usize, label: usize, probabilities: &[f64]) -> ImageResult {
-        ImageResult { index, label, predicted: 0, loss: 0.0, probabilities: probabilities.to_vec(), logits: Vec::new() }
+        ImageResult {
+            index,
+            label,
+            predicted: 0,
+            loss: 0.0,
+            probabilities: probabilities.to_vec(),
+            logits: Vec::new(),
+        }
     }
 
     #[test]

@@ -120,7 +120,11 @@ pub fn assess(evaluation: &CheckpointEvaluation, ensemble: &Ensemble, resamples:
     });
     let uncertain = calibration.map(|c| {
         let count = probabilities.iter().filter(|p| calibration::entropy(p) > c.entropy_threshold).count();
-        Uncertain { entropy_threshold: c.entropy_threshold, count, share: count as f64 / labels.len().max(1) as f64 }
+        Uncertain {
+            entropy_threshold: c.entropy_threshold,
+            count,
+            share: count as f64 / labels.len().max(1) as f64,
+        }
     });
     Trust {
         members: ensemble.records(),
@@ -137,7 +141,13 @@ pub fn assess(evaluation: &CheckpointEvaluation, ensemble: &Ensemble, resamples:
 }
 
 /// NLL (scikit-learn's `log_loss`), Brier score and ECE of `probabilities`, with intervals.
-pub fn scores(labels: &[usize], probabilities: &[Vec<f64>], num_classes: usize, resamples: usize, seed: u64) -> Scores {
+pub fn scores(
+    labels: &[usize],
+    probabilities: &[Vec<f64>],
+    num_classes: usize,
+    resamples: usize,
+    seed: u64,
+) -> Scores {
     let of = |labels: &[usize], probabilities: &[Vec<f64>]| {
         let predictions = Predictions { labels, probabilities, num_classes };
         [
@@ -186,7 +196,8 @@ fn mean(values: &[f64]) -> f64 {
 
 /// The report's lines of text.
 pub fn describe(trust: &Trust) -> String {
-    let interval = |i: &Option<Interval>| i.map(|i| format!(" [{:.4}, {:.4}]", i.low, i.high)).unwrap_or_default();
+    let interval =
+        |i: &Option<Interval>| i.map(|i| format!(" [{:.4}, {:.4}]", i.low, i.high)).unwrap_or_default();
     let line = |name: &str, s: &Scores| {
         let i = s.intervals.as_ref();
         format!(

@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
 use crate::calibration::ConformalMethod;
-use crate::run_dir::preprocessing::Preprocessing;
 use crate::model::{Arch, Model, ModelError};
+use crate::run_dir::preprocessing::Preprocessing;
 use crate::util::files::{self, FileError};
 
 const METADATA_KEY: &str = "rtrain.checkpoint";

@@ -315,7 +315,15 @@ impl RunDir {
         if self.writer.is_none() {
             return Ok(());
         }
-        for name in [CONFIG_FILE, MANIFEST_FILE, METRICS_FILE, SUMMARY_FILE, WEIGHTS_FILE, CALIBRATED_FILE, REPORT_DIR] {
+        for name in [
+            CONFIG_FILE,
+            MANIFEST_FILE,
+            METRICS_FILE,
+            SUMMARY_FILE,
+            WEIGHTS_FILE,
+            CALIBRATED_FILE,
+            REPORT_DIR,
+        ] {
             let path = self.paths.root().join(name);
             // A link (a `report` pointing elsewhere) is removed itself, never followed.
             let removed = match path.symlink_metadata() {

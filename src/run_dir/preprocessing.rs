@@ -84,7 +84,12 @@ impl Preprocessing {
 /// (`recorded`) in place of its `data.*` keys, but for those in `explicit` (set by the user),
 /// which are kept with a warning naming both values when they differ. A file from before rtrain
 /// recorded preprocessing (`recorded` None) keeps the configuration's, with a note.
-pub fn resolve(config: &Config, explicit: &BTreeSet<String>, recorded: Option<&Preprocessing>, path: &Path) -> Config {
+pub fn resolve(
+    config: &Config,
+    explicit: &BTreeSet<String>,
+    recorded: Option<&Preprocessing>,
+    path: &Path,
+) -> Config {
     let Some(model) = recorded else {
         tracing::info!(
             "{}: the file does not record its preprocessing (written before rtrain 0.2): using the configuration's data.image_size = {} and evaluation transform",

@@ -16,10 +16,10 @@ use crate::data::dataset::DataError;
 use crate::data::dataset::Dataset;
 use crate::data::loader::{EpochBatches, Loader, LoaderOptions};
 use crate::data::transforms::Transform;
+use crate::inference::{self, Ensemble, InferenceError, Tta};
 use crate::model::precision::Compute;
 use crate::model::Model;
 use crate::plan::RunPlan;
-use crate::inference::{self, Ensemble, InferenceError, Tta};
 use crate::run_dir::checkpoint;
 use crate::run_dir::records::EvalReport;
 use crate::util::shim::ShimError;
@@ -398,10 +398,9 @@ pub fn evaluate_ensemble(
             }
             _ => probabilities.log(),
         };
-        let losses: Vec<f64> = Vec::try_from(
-            -log_probabilities.gather(1, &views[0].labels.unsqueeze(1), false).squeeze_dim(1),
-        )
-        .map_err(read_back)?;
+        let losses: Vec<f64> =
+            Vec::try_from(-log_probabilities.gather(1, &views[0].labels.unsqueeze(1), false).squeeze_dim(1))
+                .map_err(read_back)?;
         let logits = match keep_logits {
             true => inference::rows(&ensemble.first().logits(&views[0].images, &plan.compute)?)?,
             false => vec![Vec::new(); labels.len()],
