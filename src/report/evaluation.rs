@@ -62,8 +62,7 @@ pub struct Evaluated {
     /// 95% percentile-bootstrap intervals; None with `--bootstrap 0`.
     pub intervals: Option<Intervals>,
     /// What the probabilities are worth: NLL, Brier and ECE (before and after a temperature),
-    /// conformal coverage and set size, uncertain photos (`rtrain eval`; None at the end of
-    /// training).
+    /// conformal coverage and set size, uncertain photos.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trust: Option<Trust>,
     /// Each class's one-vs-rest ROC curve (None when it has no image, or only its images).
@@ -315,6 +314,10 @@ impl Evaluated {
 pub fn write_for_run(paths: &RunPaths, evaluation: &CheckpointEvaluation, seed: u64) {
     let dir = paths.evaluation();
     let written = Evaluated::new(evaluation, metrics::DEFAULT_BOOTSTRAP, seed)
+        .map(|evaluated| Evaluated {
+            trust: Some(trust::assess_checkpoint(evaluation, metrics::DEFAULT_BOOTSTRAP, seed)),
+            ..evaluated
+        })
         .and_then(|evaluated| evaluated.write(&dir, evaluation));
     match written {
         Ok(()) => tracing::info!(

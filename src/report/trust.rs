@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::calibration::{self, ConformalMethod};
 use crate::inference::{Ensemble, MemberRecord, Tta};
 use crate::metrics::{self, Interval, Predictions};
+use crate::run_dir::checkpoint::Calibration;
 use crate::train::eval::CheckpointEvaluation;
 
 /// NLL, Brier score and ECE of a set of probabilities.
@@ -74,10 +75,46 @@ pub struct Trust {
 /// The trust report of `ensemble` on `evaluation`, with `resamples` bootstrap resamples
 /// seeded by `seed`.
 pub fn assess(evaluation: &CheckpointEvaluation, ensemble: &Ensemble, resamples: usize, seed: u64) -> Trust {
+    let temperature = match ensemble.members.as_slice() {
+        [only] => only.meta.calibration.as_ref().map(|c| c.temperature),
+        _ => None,
+    };
+    let models = Models {
+        members: ensemble.records(),
+        tta: ensemble.tta,
+        calibration: ensemble.calibration(),
+        temperature,
+    };
+    assess_models(evaluation, &models, resamples, seed)
+}
+
+/// The trust report of the one uncalibrated model `evaluation` was made with (the run's best
+/// checkpoint at the end of training), as `rtrain eval` of that file reports it.
+pub fn assess_checkpoint(evaluation: &CheckpointEvaluation, resamples: usize, seed: u64) -> Trust {
+    let member = MemberRecord {
+        path: evaluation.checkpoint.clone(),
+        sha256: crate::util::files::sha256_file(&evaluation.checkpoint).unwrap_or_default(),
+        temperature: 1.0,
+        image_size: evaluation.transform.size,
+    };
+    let models = Models { members: vec![member], tta: Tta::None, calibration: None, temperature: None };
+    assess_models(evaluation, &models, resamples, seed)
+}
+
+/// What the report says of the models: who they are, their views, the calibration whose sets
+/// and threshold apply, and a single model's temperature.
+struct Models<'a> {
+    members: Vec<MemberRecord>,
+    tta: Tta,
+    calibration: Option<&'a Calibration>,
+    temperature: Option<f64>,
+}
+
+fn assess_models(evaluation: &CheckpointEvaluation, models: &Models, resamples: usize, seed: u64) -> Trust {
     let labels: Vec<usize> = evaluation.images.iter().map(|i| i.label).collect();
     let probabilities: Vec<Vec<f64>> = evaluation.images.iter().map(|i| i.probabilities.clone()).collect();
     let num_classes = evaluation.classes.len();
-    let calibration = ensemble.calibration();
+    let calibration = models.calibration;
     // Before the temperature: the single model's own softmax of one view (its logits).
     let before_temperature = calibration.map(|_| {
         let raw: Vec<Vec<f64>> =
@@ -127,14 +164,11 @@ pub fn assess(evaluation: &CheckpointEvaluation, ensemble: &Ensemble, resamples:
         }
     });
     Trust {
-        members: ensemble.records(),
-        tta: ensemble.tta,
+        members: models.members.clone(),
+        tta: models.tta,
         scores: scores(&labels, &probabilities, num_classes, resamples, seed),
         before_temperature,
-        temperature: match ensemble.members.as_slice() {
-            [only] => only.meta.calibration.as_ref().map(|c| c.temperature),
-            _ => None,
-        },
+        temperature: models.temperature,
         sets,
         uncertain,
     }
