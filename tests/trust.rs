@@ -40,7 +40,14 @@ fn trained() -> &'static Trained {
             .args(["--set", &format!("data.root={:?}", data.display().to_string())])
             .args(["--set", "data.image_size=32", "--set", "data.eval_transform=resize"])
             .args(["--set", "data.jpeg_draft=false", "--set", "data.batch_size=16"])
-            .args(["--set", "train.epochs=4", "--set", "train.threads=1", "--set", "checkpoint.every_steps=5"])
+            .args([
+                "--set",
+                "train.epochs=4",
+                "--set",
+                "train.threads=1",
+                "--set",
+                "checkpoint.every_steps=5",
+            ])
             .args(["--set", "train.calibrate=true"])
             .args(FP32)
             .output()
@@ -185,7 +192,9 @@ fn a_model_trained_at_32_px_predicts_at_32_px_with_no_flag() {
     let output = common::assert_success(output, "rtrain predict --set data.image_size=48");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("data.image_size = 48 as set, although the model was trained with data.image_size = 32"),
+        stderr.contains(
+            "data.image_size = 48 as set, although the model was trained with data.image_size = 32"
+        ),
         "{stderr}"
     );
     let at_48: Value = serde_json::from_slice(&output.stdout).unwrap();
@@ -216,7 +225,10 @@ fn the_temperature_is_scikit_learns_on_torchvisions_logits() {
         args.push(weights.as_os_str());
         args.extend(photos.iter().map(|(p, _)| p.as_os_str()));
         let logits = reference("trust_reference.py", &args);
-        photos.iter().map(|(p, _)| serde_json::from_value(logits[p.to_str().unwrap()].clone()).unwrap()).collect()
+        photos
+            .iter()
+            .map(|(p, _)| serde_json::from_value(logits[p.to_str().unwrap()].clone()).unwrap())
+            .collect()
     };
     let labels: Vec<usize> = val.iter().map(|(_, l)| *l).collect();
     let sklearn = calibration_reference(
@@ -257,7 +269,9 @@ fn the_temperature_is_scikit_learns_on_torchvisions_logits() {
     let best = json_of(output, "rtrain calibrate (best)")["calibration"]["temperature"].as_f64().unwrap();
     let metadata = rtrain::util::files::read_metadata(&t.run.join("calibrated.safetensors")).unwrap();
     let recorded: Value = serde_json::from_str(&metadata["rtrain.weights"]).unwrap();
-    assert_eq!(recorded["calibration"]["temperature"].as_f64(), Some(best));
+    // Equal but for the summation order of the threads training ran with (1 here, 2 there).
+    let trained_t = recorded["calibration"]["temperature"].as_f64().unwrap();
+    assert!((trained_t - best).abs() < 1e-6, "train.calibrate fitted {trained_t}, calibrate {best}");
     assert_eq!(recorded["preprocessing"]["image_size"], 32);
 }
 
@@ -292,13 +306,17 @@ fn evals_nll_brier_and_ece_are_scikit_learns_before_and_after() {
         }
         assert!((trust["ece"].as_f64().unwrap() - ece).abs() < 1e-9, "{out} ece: {trust} vs {ece}");
         let interval = &trust["intervals"]["nll"];
-        assert!(interval["low"].as_f64() <= trust["nll"].as_f64() && trust["nll"].as_f64() <= interval["high"].as_f64());
+        assert!(
+            interval["low"].as_f64() <= trust["nll"].as_f64()
+                && trust["nll"].as_f64() <= interval["high"].as_f64()
+        );
         scores.push(report["trust"].clone());
     }
     // The calibrated model's "before" is the uncalibrated model's own evaluation.
     let (after, before) = (&scores[0], &scores[1]);
     for name in ["nll", "brier", "ece"] {
-        let (a, b) = (after["before_temperature"][name].as_f64().unwrap(), before["scores"][name].as_f64().unwrap());
+        let (a, b) =
+            (after["before_temperature"][name].as_f64().unwrap(), before["scores"][name].as_f64().unwrap());
         assert!((a - b).abs() < 1e-12, "before {name}: {a} vs {b}");
     }
     assert!(before["before_temperature"].is_null());
@@ -310,7 +328,10 @@ fn definition_ece(probabilities: &[Vec<f64>], labels: &[usize]) -> f64 {
     let mut bins = vec![(0usize, 0f64, 0usize); 15];
     for (row, &label) in probabilities.iter().zip(labels) {
         let (top, confidence) =
-            row.iter().copied().enumerate().fold((0, f64::MIN), |best, (i, p)| if p > best.1 { (i, p) } else { best });
+            row.iter()
+                .copied()
+                .enumerate()
+                .fold((0, f64::MIN), |best, (i, p)| if p > best.1 { (i, p) } else { best });
         let bin = ((confidence * 15.0).ceil() as usize).clamp(1, 15) - 1;
         bins[bin].0 += 1;
         bins[bin].1 += confidence;
@@ -361,7 +382,10 @@ fn prediction_sets_are_mapies_photo_for_photo() {
             }),
         );
         let result = &mapie["results"][0];
-        assert!((result["threshold"].as_f64().unwrap() - threshold).abs() < 1e-12, "{method}: {result} vs {threshold}");
+        assert!(
+            (result["threshold"].as_f64().unwrap() - threshold).abs() < 1e-12,
+            "{method}: {result} vs {threshold}"
+        );
 
         let out = format!("sets-{method}-predict");
         let output = common::rtrain(&t.dir)
@@ -411,7 +435,8 @@ fn an_ensemble_with_flips_is_the_mean_of_torchvisions_softmaxes() {
     steps.sort();
     let step = steps[0].clone();
     let exported = t.dir.join("step-exported.safetensors");
-    let output = common::rtrain(&t.dir).arg("export").arg("--checkpoint").arg(&step).arg(&exported).output().unwrap();
+    let output =
+        common::rtrain(&t.dir).arg("export").arg("--checkpoint").arg(&step).arg(&exported).output().unwrap();
     common::assert_success(output, "rtrain export");
 
     let val: Vec<PathBuf> = photos(&t.data.join("val")).into_iter().map(|(p, _)| p).collect();

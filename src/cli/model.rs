@@ -243,7 +243,9 @@ pub struct ExplainArgs {
 impl ExplainArgs {
     pub(super) fn run(self) -> Result<()> {
         let (config, explicit) = load_config(&self.config)?;
-        let config = config?;
+        let mut config = config?;
+        // Grad-CAM's forward and backward run in fp32: the probabilities beside its map too.
+        config.train.precision = crate::model::precision::PrecisionSetting::Fp32;
         let plan = RunPlan::for_inference(&config);
         let ensemble = self.model.load(&config, &explicit, &plan)?;
         let images = match &self.data {
