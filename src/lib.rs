@@ -4,6 +4,7 @@
 //! owns one concern and returns its own error type.
 
 pub mod bench;
+pub mod calibration;
 pub mod cli;
 pub mod cluster;
 pub mod config;

@@ -384,3 +384,207 @@ fn a_class_order_sets_labels_ranks_and_the_checkpoints_classes() {
     let stderr = String::from_utf8_lossy(&missing.stderr);
     assert!(!missing.status.success() && stderr.contains("data.class_order"), "{stderr}");
 }
+
+// --- Calibration (issue "Probabilities a damage map can trust"): rtrain::calibration beside
+// scikit-learn 1.9, netcal 1.4, SciPy and MAPIE 1.6 (tests/reference/calibration_reference.py).
+
+use rtrain::calibration::{self, ConformalMethod};
+
+/// tests/reference/calibration_reference.py's answer in `mode` to `given` (JSON both ways).
+fn calibration_reference(mode: &str, given: &Value) -> Value {
+    use std::io::Write;
+    let mut child = std::process::Command::new(common::python())
+        .arg(common::repo().join("tests/reference/calibration_reference.py"))
+        .args(["--mode", mode])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(given.to_string().as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    serde_json::from_slice(&common::assert_success(output, "calibration_reference.py").stdout).unwrap()
+}
+
+/// The logits of `n` photos of 4 damage levels (70/15/10/5 before the evidence) from a model
+/// 2.5 times too sure of itself: labels are drawn from softmax(z), the model says 2.5 z.
+fn overconfident_logits(n: usize, seed: u64) -> (Vec<Vec<f64>>, Vec<usize>) {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let prior = [0.70f64, 0.15, 0.10, 0.05];
+    let (mut logits, mut labels) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let z: Vec<f64> = prior.iter().map(|p| p.ln() + rng.random_range(-2.5..2.5)).collect();
+        let truth = calibration::softmax(&z, 1.0);
+        let draw: f64 = rng.random();
+        let mut cumulative = 0.0;
+        let label = truth.iter().position(|p| {
+            cumulative += p;
+            draw < cumulative
+        });
+        labels.push(label.unwrap_or(3));
+        logits.push(z.iter().map(|z| 2.5 * z).collect());
+    }
+    (logits, labels)
+}
+
+fn all_close(ours: &[Vec<f64>], reference: &Value, tolerance: f64, what: &str) {
+    for (i, row) in ours.iter().enumerate() {
+        for (k, &value) in row.iter().enumerate() {
+            let theirs = reference[i][k].as_f64().unwrap_or_else(|| panic!("{what}: no value [{i}][{k}]"));
+            assert!(
+                (value - theirs).abs() <= tolerance,
+                "{what} [{i}][{k}]: ours {value}, reference {theirs}"
+            );
+        }
+    }
+}
+
+#[test]
+fn temperature_scaling_matches_scikit_learn_and_netcal() {
+    let (logits, labels) = overconfident_logits(300, 41);
+    let (held_out, _) = overconfident_logits(100, 42);
+    let temperature = calibration::fit_temperature(&logits, &labels).unwrap();
+    let reference = calibration_reference(
+        "temperature",
+        &serde_json::json!({ "logits": logits, "labels": labels, "apply_to": held_out }),
+    );
+    let sklearn = reference["temperature"].as_f64().unwrap();
+    assert!((temperature - sklearn).abs() <= 1e-4, "temperature: ours {temperature}, scikit-learn {sklearn}");
+    // The data are what temperature scaling is for: the model is far too sure.
+    assert!((1.8..3.5).contains(&temperature), "{temperature}");
+    let calibrated: Vec<Vec<f64>> = held_out.iter().map(|z| calibration::softmax(z, temperature)).collect();
+    all_close(&calibrated, &reference["probabilities"], 1e-5, "scikit-learn's calibrated probabilities");
+
+    // netcal minimises the same NLL with SciPy's L-BFGS-B at its default tolerances.
+    let netcal = reference["netcal"]["temperature"].as_f64().unwrap();
+    assert!((temperature - netcal).abs() <= 1e-3, "temperature: ours {temperature}, netcal {netcal}");
+    all_close(&calibrated, &reference["netcal"]["probabilities"], 1e-4, "netcal's calibrated probabilities");
+}
+
+#[test]
+fn nll_brier_and_entropy_match_scikit_learn_and_scipy() {
+    let (logits, labels) = overconfident_logits(300, 43);
+    for temperature in [1.0, 2.5] {
+        let probabilities: Vec<Vec<f64>> =
+            logits.iter().map(|z| calibration::softmax(z, temperature)).collect();
+        let quantiles = [0.95, 0.5, 0.123];
+        let reference = calibration_reference(
+            "metrics",
+            &serde_json::json!({ "probabilities": probabilities, "labels": labels, "quantiles": quantiles }),
+        );
+        let what = |name: &str| format!("{name} at T = {temperature}");
+        close(calibration::mean_nll(&logits, &labels, temperature), &reference["log_loss"], &what("NLL"));
+        let brier = calibration::brier_score(&probabilities, &labels);
+        close(brier, &reference["brier_unscaled"], &what("Brier"));
+        close(brier, &reference["brier"], &what("Brier (scikit-learn's default for 4 classes)"));
+        for (i, row) in probabilities.iter().enumerate() {
+            close(calibration::entropy(row), &reference["entropy"][i], &what(&format!("entropy {i}")));
+        }
+        for (q, reference) in quantiles.iter().zip(reference["entropy_quantiles"].as_array().unwrap()) {
+            close(
+                calibration::entropy_threshold(&probabilities, *q),
+                reference,
+                &what(&format!("entropy quantile {q}")),
+            );
+        }
+    }
+
+    // Two classes: scikit-learn's default halves the Brier score; rtrain reports the sum.
+    let binary = [vec![0.9, 0.1], vec![0.3, 0.7], vec![0.6, 0.4]];
+    let reference = calibration_reference(
+        "metrics",
+        &serde_json::json!({ "probabilities": binary, "labels": [0, 0, 1] }),
+    );
+    let brier = calibration::brier_score(&binary, &[0, 0, 1]);
+    close(brier, &reference["brier_unscaled"], "binary Brier");
+    close(brier / 2.0, &reference["brier"], "binary Brier, halved");
+}
+
+/// Rows that put MAPIE's rules to work on the prediction side: exact ties, zeros, differences
+/// inside its 1e-8 tolerance, and for each threshold rows just inside and just outside it.
+fn edge_rows(lac_thresholds: &[f64], aps_thresholds: &[f64]) -> Vec<Vec<f64>> {
+    let mut rows = vec![
+        vec![0.25; 4],
+        vec![0.4, 0.3, 0.3, 0.0],
+        vec![0.0, 0.0, 0.3, 0.7],
+        vec![1.0, 0.0, 0.0, 0.0],
+        vec![0.0, 0.0, 0.0, 1.0],
+        vec![0.5, 0.25 + 5e-9, 0.25 - 5e-9, 0.0],
+        vec![0.5 - 3e-9, 0.5 + 3e-9, 0.0, 0.0],
+    ];
+    // LAC takes a class when 1 - p - threshold <= 1e-8.
+    for &t in lac_thresholds {
+        let inside = 1.0 - t - 5e-9;
+        let outside = 1.0 - t - 2e-8;
+        rows.push(vec![inside, outside, (1.0 - inside - outside) / 2.0, (1.0 - inside - outside) / 2.0]);
+    }
+    // APS stops at the first class whose cumulative probability comes within 1e-8 of the
+    // threshold.
+    for &t in aps_thresholds {
+        for top in [t - 5e-9, t - 2e-8] {
+            if top < 1.0 {
+                rows.push(vec![(1.0 - top) * 0.6, top, (1.0 - top) * 0.4, 0.0]);
+            }
+        }
+    }
+    rows
+}
+
+#[test]
+fn conformal_sets_match_mapie_photo_for_photo() {
+    let (logits, labels) = overconfident_logits(500, 44);
+    let temperature = calibration::fit_temperature(&logits, &labels).unwrap();
+    let probabilities: Vec<Vec<f64>> = logits.iter().map(|z| calibration::softmax(z, temperature)).collect();
+    let (mut calibration_rows, mut calibration_labels) =
+        (probabilities[..300].to_vec(), labels[..300].to_vec());
+    // Ties and zeros in calibration too, but never a true class tied with another: numpy's
+    // argsort, which ranks MAPIE's APS classes, leaves the order of ties undocumented (see
+    // src/calibration.rs).
+    calibration_rows.extend([vec![0.5, 0.2, 0.2, 0.1], vec![0.1, 0.3, 0.3, 0.3], vec![0.6, 0.4, 0.0, 0.0]]);
+    calibration_labels.extend([0, 0, 1]);
+    let n = calibration_rows.len();
+    // 0.3 besides the usual levels: a threshold low enough for LAC to give empty sets.
+    let alphas = [0.1, 0.05, 0.3];
+    let uniforms = calibration::aps_uniforms(n);
+
+    let threshold = |alpha, method| {
+        calibration::conformal_threshold(&calibration_rows, &calibration_labels, alpha, method).unwrap()
+    };
+    let lac: Vec<f64> = alphas.iter().map(|&a| threshold(a, ConformalMethod::Lac)).collect();
+    let aps: Vec<f64> = alphas.iter().map(|&a| threshold(a, ConformalMethod::Aps)).collect();
+    let mut test_rows = probabilities[300..].to_vec();
+    test_rows.extend(edge_rows(&lac, &aps));
+
+    let mut sizes = std::collections::BTreeMap::new();
+    for (method, name, thresholds) in
+        [(ConformalMethod::Lac, "lac", &lac), (ConformalMethod::Aps, "aps", &aps)]
+    {
+        let reference = calibration_reference(
+            "conformal",
+            &serde_json::json!({
+                "calibration": { "probabilities": calibration_rows, "labels": calibration_labels },
+                "test": { "probabilities": test_rows },
+                "alphas": alphas, "method": name, "uniforms": uniforms,
+            }),
+        );
+        for (a, (&alpha, &ours)) in alphas.iter().zip(thresholds).enumerate() {
+            let mapie = &reference["results"][a];
+            let theirs = mapie["threshold"].as_f64().unwrap();
+            assert_eq!(ours, theirs, "{name} threshold at alpha {alpha}: ours {ours}, MAPIE {theirs}");
+            for (i, row) in test_rows.iter().enumerate() {
+                let set = calibration::prediction_set(row, ours, method);
+                let mapie_set: Vec<usize> =
+                    (0..4).filter(|&k| mapie["sets"][i][k].as_bool().unwrap()).collect();
+                assert_eq!(
+                    set, mapie_set,
+                    "{name} at alpha {alpha}, photo {i} {row:?}: ours {set:?}, MAPIE {mapie_set:?}"
+                );
+                *sizes.entry((name, set.len())).or_insert(0) += 1;
+            }
+        }
+    }
+    // Not a degenerate comparison: singletons and larger sets of both kinds, and empty LAC sets.
+    for key in [("lac", 0), ("lac", 1), ("lac", 2), ("aps", 1), ("aps", 2), ("aps", 3)] {
+        assert!(sizes.get(&key).is_some_and(|&count| count > 0), "no {key:?} sets: {sizes:?}");
+    }
+}
