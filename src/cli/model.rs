@@ -244,8 +244,11 @@ impl ExplainArgs {
     pub(super) fn run(self) -> Result<()> {
         let (config, explicit) = load_config(&self.config)?;
         let mut config = config?;
-        // Grad-CAM's forward and backward run in fp32: the probabilities beside its map too.
+        // Grad-CAM's forward and backward run in fp32 and NCHW: the probabilities (and the
+        // predicted class whose map is drawn) come from the same computation, so that a near
+        // tie cannot name one class and draw another's map.
         config.train.precision = crate::model::precision::PrecisionSetting::Fp32;
+        config.train.channels_last = false;
         let plan = RunPlan::for_inference(&config);
         let ensemble = self.model.load(&config, &explicit, &plan)?;
         let images = match &self.data {
