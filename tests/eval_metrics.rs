@@ -390,22 +390,6 @@ fn a_class_order_sets_labels_ranks_and_the_checkpoints_classes() {
 
 use rtrain::calibration::{self, ConformalMethod};
 
-/// tests/reference/calibration_reference.py's answer in `mode` to `given` (JSON both ways).
-fn calibration_reference(mode: &str, given: &Value) -> Value {
-    use std::io::Write;
-    let mut child = std::process::Command::new(common::python())
-        .arg(common::repo().join("tests/reference/calibration_reference.py"))
-        .args(["--mode", mode])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(given.to_string().as_bytes()).unwrap();
-    let output = child.wait_with_output().unwrap();
-    serde_json::from_slice(&common::assert_success(output, "calibration_reference.py").stdout).unwrap()
-}
-
 /// The logits of `n` photos of 4 damage levels (70/15/10/5 before the evidence) from a model
 /// 2.5 times too sure of itself: labels are drawn from softmax(z), the model says 2.5 z.
 fn overconfident_logits(n: usize, seed: u64) -> (Vec<Vec<f64>>, Vec<usize>) {
@@ -444,7 +428,7 @@ fn temperature_scaling_matches_scikit_learn_and_netcal() {
     let (logits, labels) = overconfident_logits(300, 41);
     let (held_out, _) = overconfident_logits(100, 42);
     let temperature = calibration::fit_temperature(&logits, &labels).unwrap();
-    let reference = calibration_reference(
+    let reference = common::calibration_reference(
         "temperature",
         &serde_json::json!({ "logits": logits, "labels": labels, "apply_to": held_out }),
     );
@@ -468,7 +452,7 @@ fn nll_brier_and_entropy_match_scikit_learn_and_scipy() {
         let probabilities: Vec<Vec<f64>> =
             logits.iter().map(|z| calibration::softmax(z, temperature)).collect();
         let quantiles = [0.95, 0.5, 0.123];
-        let reference = calibration_reference(
+        let reference = common::calibration_reference(
             "metrics",
             &serde_json::json!({ "probabilities": probabilities, "labels": labels, "quantiles": quantiles }),
         );
@@ -491,7 +475,7 @@ fn nll_brier_and_entropy_match_scikit_learn_and_scipy() {
 
     // Two classes: scikit-learn's default halves the Brier score; rtrain reports the sum.
     let binary = [vec![0.9, 0.1], vec![0.3, 0.7], vec![0.6, 0.4]];
-    let reference = calibration_reference(
+    let reference = common::calibration_reference(
         "metrics",
         &serde_json::json!({ "probabilities": binary, "labels": [0, 0, 1] }),
     );
@@ -559,7 +543,7 @@ fn conformal_sets_match_mapie_photo_for_photo() {
     for (method, name, thresholds) in
         [(ConformalMethod::Lac, "lac", &lac), (ConformalMethod::Aps, "aps", &aps)]
     {
-        let reference = calibration_reference(
+        let reference = common::calibration_reference(
             "conformal",
             &serde_json::json!({
                 "calibration": { "probabilities": calibration_rows, "labels": calibration_labels },

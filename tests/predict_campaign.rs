@@ -65,15 +65,6 @@ fn predict(dir: &Path, model: &Path, out: &str) -> assert_cmd::Command {
     command
 }
 
-fn csv_rows(path: &Path) -> Vec<BTreeMap<String, String>> {
-    let mut reader = csv::Reader::from_path(path).unwrap();
-    let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
-    reader
-        .records()
-        .map(|row| header.iter().cloned().zip(row.unwrap().iter().map(String::from)).collect())
-        .collect()
-}
-
 fn json_file(path: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
@@ -126,7 +117,7 @@ fn a_campaign_folder_and_its_shards_agree_with_torchvision_pillow_and_geojson() 
     let output = common::assert_success(output.unwrap(), "rtrain predict --out");
     assert_eq!(text(&output.stdout).trim(), "out");
     let out = dir.path().join("out");
-    let rows = csv_rows(&out.join("predictions.csv"));
+    let rows = common::csv_rows(&out.join("predictions.csv"));
     let names: Vec<&str> = rows.iter().map(|r| r["path"].as_str()).collect();
     // 12 validation photos, the extensionless copy, 6 tagged photos, 3 bad files; no README.
     assert_eq!(rows.len(), 12 + 1 + 6 + 3, "{names:?}");
@@ -224,7 +215,7 @@ fn a_campaign_folder_and_its_shards_agree_with_torchvision_pillow_and_geojson() 
     common::rtrain(dir.path()).args(["data", "prepare"]).arg(&data).arg("shards").assert().success();
     let output = predict(dir.path(), &model, "from-shards").arg("shards").output().unwrap();
     common::assert_success(output, "rtrain predict --out on shards");
-    let from_shards = csv_rows(&dir.path().join("from-shards/predictions.csv"));
+    let from_shards = common::csv_rows(&dir.path().join("from-shards/predictions.csv"));
     assert_eq!(from_shards.len(), 6 * 4 + 3 * 4, "every sample of both splits");
     for row in &from_shards {
         let source = data.join(row["path"].strip_prefix("shards/").unwrap());
@@ -256,7 +247,7 @@ fn a_campaign_folder_and_its_shards_agree_with_torchvision_pillow_and_geojson() 
         .success();
     let output = predict(dir.path(), &model, "tagged-out").arg("tagged-shards").output().unwrap();
     common::assert_success(output, "rtrain predict --out on resized shards");
-    let mapped = csv_rows(&dir.path().join("tagged-out/predictions.csv"));
+    let mapped = common::csv_rows(&dir.path().join("tagged-out/predictions.csv"));
     assert_eq!(mapped.len(), 5);
     for row in &mapped {
         let file = row["path"].strip_prefix("tagged-shards/val/photos/").unwrap();

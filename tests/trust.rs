@@ -71,21 +71,6 @@ fn reference(script: &str, args: &[&std::ffi::OsStr]) -> Value {
     json_of(output, script)
 }
 
-/// calibration_reference.py (scikit-learn, netcal, MAPIE) with `input` on its stdin.
-fn calibration_reference(mode: &str, input: &Value) -> Value {
-    use std::io::Write;
-    let mut child = Command::new(common::python())
-        .arg(common::repo().join("tests/reference/calibration_reference.py"))
-        .args(["--mode", mode])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(input.to_string().as_bytes()).unwrap();
-    json_of(child.wait_with_output().unwrap(), "calibration_reference.py")
-}
-
 /// The photos of a split, sorted, with their class indices.
 fn photos(split: &Path) -> Vec<(PathBuf, usize)> {
     let mut photos = Vec::new();
@@ -98,18 +83,9 @@ fn photos(split: &Path) -> Vec<(PathBuf, usize)> {
     photos
 }
 
-fn csv_rows(path: &Path) -> Vec<BTreeMap<String, String>> {
-    let mut reader = csv::Reader::from_path(path).unwrap();
-    let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
-    reader
-        .records()
-        .map(|row| header.iter().cloned().zip(row.unwrap().iter().map(String::from)).collect())
-        .collect()
-}
-
 /// `predict --out`'s rows by photo file name (class folder and file).
 fn predicted(dir: &Path, out: &str) -> BTreeMap<String, BTreeMap<String, String>> {
-    csv_rows(&dir.join(out).join("predictions.csv"))
+    common::csv_rows(&dir.join(out).join("predictions.csv"))
         .into_iter()
         .map(|row| (short(Path::new(&row["path"])), row))
         .collect()
@@ -231,7 +207,7 @@ fn the_temperature_is_scikit_learns_on_torchvisions_logits() {
             .collect()
     };
     let labels: Vec<usize> = val.iter().map(|(_, l)| *l).collect();
-    let sklearn = calibration_reference(
+    let sklearn = common::calibration_reference(
         "temperature",
         &json!({"logits": logits_of(&val), "labels": labels, "apply_to": logits_of(&train)}),
     );
@@ -292,12 +268,14 @@ fn evals_nll_brier_and_ece_are_scikit_learns_before_and_after() {
             .output()
             .unwrap();
         let report = json_of(output, "rtrain eval");
-        let rows = csv_rows(&t.dir.join(out).join("predictions.csv"));
+        let rows = common::csv_rows(&t.dir.join(out).join("predictions.csv"));
         let labels: Vec<usize> =
             rows.iter().map(|r| CLASSES.iter().position(|c| *c == r["true_class"]).unwrap()).collect();
         let probabilities: Vec<Vec<f64>> = rows.iter().map(probabilities).collect();
-        let sklearn =
-            calibration_reference("metrics", &json!({"probabilities": probabilities, "labels": labels}));
+        let sklearn = common::calibration_reference(
+            "metrics",
+            &json!({"probabilities": probabilities, "labels": labels}),
+        );
         let ece = definition_ece(&probabilities, &labels);
         let trust = &report["trust"]["scores"];
         for (name, theirs) in [("nll", &sklearn["log_loss"]), ("brier", &sklearn["brier_unscaled"])] {
@@ -367,13 +345,13 @@ fn prediction_sets_are_mapies_photo_for_photo() {
                 .output()
                 .unwrap();
             common::assert_success(output, "rtrain eval");
-            csv_rows(&t.dir.join(out).join("predictions.csv")).iter().map(probabilities).collect()
+            common::csv_rows(&t.dir.join(out).join("predictions.csv")).iter().map(probabilities).collect()
         };
         let calibration = eval_probabilities("val", &format!("sets-{method}-val"));
         let test = eval_probabilities("train", &format!("sets-{method}-train"));
         let labels: Vec<usize> = cal_photos.iter().map(|(_, l)| *l).collect();
         let uniforms = rtrain::calibration::aps_uniforms(labels.len());
-        let mapie = calibration_reference(
+        let mapie = common::calibration_reference(
             "conformal",
             &json!({
                 "calibration": {"probabilities": calibration, "labels": labels},
@@ -395,7 +373,7 @@ fn prediction_sets_are_mapies_photo_for_photo() {
             .output()
             .unwrap();
         common::assert_success(output, "rtrain predict --abstain");
-        let rows = csv_rows(&t.dir.join(&out).join("predictions.csv"));
+        let rows = common::csv_rows(&t.dir.join(&out).join("predictions.csv"));
         let mut abstained = 0;
         for (i, row) in rows.iter().enumerate() {
             let theirs: Vec<&str> = result["sets"][i]

@@ -1018,15 +1018,6 @@ fn predict_out(dir: &Path, out: &str) -> assert_cmd::Command {
     command
 }
 
-fn prediction_rows(path: &Path) -> Vec<std::collections::BTreeMap<String, String>> {
-    let mut reader = csv::Reader::from_path(path).unwrap();
-    let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
-    reader
-        .records()
-        .map(|row| header.iter().cloned().zip(row.unwrap().iter().map(String::from)).collect())
-        .collect()
-}
-
 fn json_of(path: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
@@ -1079,7 +1070,7 @@ fn names_that_are_not_utf8_stay_apart_and_such_a_class_folder_is_refused() {
     std::fs::rename(&photos[3], named(b"x\xfe.jpg")).unwrap();
     let output = predict_out(dir.path(), "out").arg("photos").output().unwrap();
     common::assert_success(output, "predict --out");
-    let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
+    let rows = common::csv_rows(&dir.path().join("out/predictions.csv"));
     let paths: Vec<&str> = rows.iter().map(|row| row["path"].as_str()).collect();
     assert_eq!(paths, ["photos/p0.jpg", "photos/p1.jpg", "photos/x\\xfe.jpg", "photos/x\\xff.jpg"]);
     assert!(rows.iter().all(|row| !row["class"].is_empty()), "{rows:?}");
@@ -1126,7 +1117,7 @@ fn a_symlinked_folder_is_searched_once_and_what_is_left_out_is_named() {
     std::fs::write(dir.path().join("campaign/day1/notes.txt"), "field notes\n").unwrap();
     let output = predict_out(dir.path(), "out").arg("campaign").output().unwrap();
     let output = common::assert_success(output, "predict --out");
-    let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
+    let rows = common::csv_rows(&dir.path().join("out/predictions.csv"));
     let paths: Vec<&str> = rows.iter().map(|row| row["path"].as_str()).collect();
     assert_eq!(
         paths,
@@ -1172,7 +1163,7 @@ fn a_top_beyond_the_class_count_is_the_class_count() {
     let csv = std::fs::read_to_string(dir.path().join("out/predictions.csv")).unwrap();
     let header = csv.lines().next().unwrap();
     assert!(header.contains(",top4_class,top4_probability,") && !header.contains("top5"), "{header}");
-    let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
+    let rows = common::csv_rows(&dir.path().join("out/predictions.csv"));
     assert!(rows.iter().all(|row| !row["top4_class"].is_empty()), "{rows:?}");
 }
 
@@ -1192,7 +1183,7 @@ fn a_photo_changed_since_its_part_was_done_is_classified_again() {
     let again = common::assert_success(run(), "predict --out again");
     let stderr = text(&again.stderr);
     assert!(stderr.contains("photos/p1.jpg") && stderr.contains("changed"), "{stderr}");
-    let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
+    let rows = common::csv_rows(&dir.path().join("out/predictions.csv"));
     let sha256 = hex::encode(sha2::Sha256::digest(&replacement));
     assert_eq!(rows[1]["path"], "photos/p1.jpg");
     assert_eq!(rows[1]["sha256"], sha256, "{:?}", rows[1]);
@@ -1239,7 +1230,7 @@ fn csv_cells_a_spreadsheet_would_run_are_neutralised() {
     predict_photos(dir.path(), "@x", 1);
     let output = predict_out(dir.path(), "out").args(["=SUM(1)", "@x"]).output().unwrap();
     common::assert_success(output, "predict --out");
-    let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
+    let rows = common::csv_rows(&dir.path().join("out/predictions.csv"));
     let paths: Vec<&str> = rows.iter().map(|row| row["path"].as_str()).collect();
     assert_eq!(paths, ["'=SUM(1)/p0.jpg", "'@x/p0.jpg"]);
     assert!(rows.iter().all(|row| row["probability"].parse::<f64>().is_ok()), "{rows:?}");
@@ -1294,7 +1285,7 @@ fn one_photo_named_three_ways_in_a_list_is_one_row() {
     std::fs::write(dir.path().join("list.txt"), list).unwrap();
     let output = predict_out(dir.path(), "out").args(["--from-list", "list.txt"]).output().unwrap();
     let output = common::assert_success(output, "predict --out --from-list");
-    let rows = prediction_rows(&dir.path().join("out/predictions.csv"));
+    let rows = common::csv_rows(&dir.path().join("out/predictions.csv"));
     let paths: Vec<&str> = rows.iter().map(|row| row["path"].as_str()).collect();
     assert_eq!(paths, ["photos/p0.jpg", "photos/p1.jpg"]);
     let summary = json_of(&dir.path().join("out/summary.json"));

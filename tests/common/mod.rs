@@ -217,3 +217,30 @@ pub fn checkpoint_meta(
         rtrain_version: "test".into(),
     }
 }
+
+/// tests/reference/calibration_reference.py's answer in `mode` (scikit-learn, netcal, MAPIE) to
+/// `given`, JSON both ways through its stdin and stdout.
+pub fn calibration_reference(mode: &str, given: &serde_json::Value) -> serde_json::Value {
+    use std::io::Write;
+    let mut child = Command::new(python())
+        .arg(repo().join("tests/reference/calibration_reference.py"))
+        .args(["--mode", mode])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(given.to_string().as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    serde_json::from_slice(&assert_success(output, "calibration_reference.py").stdout).unwrap()
+}
+
+/// A CSV file's rows, each as header -> cell.
+pub fn csv_rows(path: &Path) -> Vec<std::collections::BTreeMap<String, String>> {
+    let mut reader = csv::Reader::from_path(path).unwrap();
+    let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
+    reader
+        .records()
+        .map(|row| header.iter().cloned().zip(row.unwrap().iter().map(String::from)).collect())
+        .collect()
+}
