@@ -163,14 +163,24 @@ impl Member {
         tta: Tta,
         compute: &Compute,
     ) -> Result<Tensor, InferenceError> {
+        self.probabilities_given(&self.logits(images, compute)?, images, tta, compute)
+    }
+
+    /// [`Self::probabilities`] of a batch whose `logits` are already computed (only the mirror,
+    /// with `tta`, takes a forward pass).
+    pub fn probabilities_given(
+        &self,
+        logits: &Tensor,
+        images: &Tensor,
+        tta: Tta,
+        compute: &Compute,
+    ) -> Result<Tensor, InferenceError> {
         let temperature = self.temperature();
-        let scaled = |images: &Tensor| -> Result<Tensor, InferenceError> {
-            Ok((self.logits(images, compute)? / temperature).softmax(-1, Kind::Double))
-        };
-        let probabilities = scaled(images)?;
+        let scaled = |logits: &Tensor| (logits / temperature).softmax(-1, Kind::Double);
+        let probabilities = scaled(logits);
         Ok(match tta {
             Tta::None => probabilities,
-            Tta::Flip => (probabilities + scaled(&images.f_flip([3])?)?) / 2.0,
+            Tta::Flip => (probabilities + scaled(&self.logits(&images.f_flip([3])?, compute)?)) / 2.0,
         })
     }
 }

@@ -375,7 +375,6 @@ pub fn evaluate_ensemble(
     let options = plan.eval_loader();
     let order = rank_part(dataset.len(), options.batch_size, topology.rank, topology.world_size);
     let batches = EpochBatches::every_sample(order.len(), options.batch_size);
-    let keep_logits = ensemble.members.len() == 1;
     let dir = dataset.root().to_path_buf();
     let mut mine = Vec::with_capacity(order.len());
     for views in ensemble.loaders(&dataset, &order, batches, &options) {
@@ -387,24 +386,31 @@ pub fn evaluate_ensemble(
             continue;
         }
         let read_back = |source| EvalError::ReadBack { dir: dir.clone(), source };
-        let probabilities = ensemble.probabilities(&inference::images(&views), &plan.compute)?;
         let labels: Vec<i64> = Vec::try_from(&views[0].labels).map_err(read_back)?;
-        // A single model's loss from its log-softmax, exact where a probability underflows.
-        let log_probabilities = match (keep_logits, ensemble.tta) {
-            (true, Tta::None) => {
-                let member = ensemble.first();
-                (member.logits(&views[0].images, &plan.compute)? / member.temperature())
-                    .log_softmax(-1, Kind::Double)
+        // A single model's one forward pass gives its logits (what calibrate fits on) and its
+        // loss from the log-softmax, exact where a probability underflows (with --tta flip, the
+        // log of the mean); an ensemble's loss is the log of its mean.
+        let (probabilities, log_probabilities, logits) = match ensemble.members.as_slice() {
+            [member] => {
+                let images = &views[0].images;
+                let logits = member.logits(images, &plan.compute)?;
+                let probabilities =
+                    member.probabilities_given(&logits, images, ensemble.tta, &plan.compute)?;
+                let log_probabilities = match ensemble.tta {
+                    Tta::None => (&logits / member.temperature()).log_softmax(-1, Kind::Double),
+                    Tta::Flip => probabilities.log(),
+                };
+                (probabilities, log_probabilities, inference::rows(&logits)?)
             }
-            _ => probabilities.log(),
+            _ => {
+                let probabilities = ensemble.probabilities(&inference::images(&views), &plan.compute)?;
+                let log_probabilities = probabilities.log();
+                (probabilities, log_probabilities, vec![Vec::new(); labels.len()])
+            }
         };
         let losses: Vec<f64> =
             Vec::try_from(-log_probabilities.gather(1, &views[0].labels.unsqueeze(1), false).squeeze_dim(1))
                 .map_err(read_back)?;
-        let logits = match keep_logits {
-            true => inference::rows(&ensemble.first().logits(&views[0].images, &plan.compute)?)?,
-            false => vec![Vec::new(); labels.len()],
-        };
         let rows = inference::rows(&probabilities)?;
         let per_image = views[0].indices.iter().zip(&labels).zip(losses).zip(rows).zip(logits);
         for ((((&index, &label), loss), probabilities), logits) in per_image {
