@@ -37,6 +37,8 @@ pub enum InferenceError {
     File(#[from] FileError),
     #[error(transparent)]
     Shim(#[from] ShimError),
+    #[error("{}: its recorded preprocessing is out of range: {source}", path.display())]
+    Preprocessing { path: PathBuf, source: crate::config::ConfigError },
     #[error("no model given: name at least one --checkpoint")]
     NoModel,
     #[error("{}: classes [{}] differ from {}'s [{}]: the members of an ensemble must have the same classes in the same order", path.display(), found.join(", "), first.display(), expected.join(", "))]
@@ -134,6 +136,11 @@ impl Member {
         let (model, meta) = checkpoint::load_model_on(path, compute.device)?;
         compute.prepare_model(&model)?;
         let config = preprocessing::resolve(config, explicit, meta.preprocessing.as_ref(), path);
+        // The file may come from elsewhere: its preprocessing is held to the ranges a
+        // configuration is (a recorded image size of 10^6 would allocate terabytes).
+        config
+            .validate()
+            .map_err(|source| InferenceError::Preprocessing { path: path.to_path_buf(), source })?;
         if meta.preprocessing.is_none() {
             meta.warn_if_size_differs(path, config.data.image_size);
         }

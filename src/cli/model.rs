@@ -285,7 +285,7 @@ pub struct CalibrateArgs {
     #[arg(long)]
     pub conformal: bool,
     /// The sets' miscoverage: they hold the true class with probability at least 1 - alpha.
-    #[arg(long, default_value_t = 0.1, requires = "conformal")]
+    #[arg(long, default_value_t = 0.1, requires = "conformal", value_parser = miscoverage)]
     pub alpha: f64,
     /// The conformity score: `lac` (smallest sets) or `aps` (adaptive: larger sets for harder
     /// photos), as MAPIE names them.
@@ -294,6 +294,17 @@ pub struct CalibrateArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `calibrate --alpha`: a share strictly between 0 and 1 (a usage error otherwise, exit 2).
+fn miscoverage(value: &str) -> Result<f64, String> {
+    let alpha: f64 = value.parse().map_err(|e| format!("{e}"))?;
+    match alpha > 0.0 && alpha < 1.0 {
+        true => Ok(alpha),
+        false => {
+            Err("alpha must be in (0, 1), e.g. 0.1 for sets that hold the true class 90% of the time".into())
+        }
+    }
 }
 
 impl CalibrateArgs {
