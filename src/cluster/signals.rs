@@ -21,6 +21,11 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 /// EX_TEMPFAIL ("try again later"), which a job script can test before requeueing.
 pub const PREEMPTED_EXIT_CODE: u8 = 75;
 
+/// What a process stopped during start-up says on stderr before it exits with
+/// [`PREEMPTED_EXIT_CODE`].
+pub const STOPPED_DURING_START_UP: &str =
+    "error: stopped during start-up by a stop signal (SIGTERM, SIGINT or SIGUSR1): nothing to save yet; run it again\n";
+
 /// The signals that ask for a clean stop.
 pub const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGUSR1];
 
@@ -69,8 +74,14 @@ pub fn is_clean_stop(error: &anyhow::Error) -> bool {
 extern "C" fn on_stop_signal(signal: libc::c_int) {
     // Only async-signal-safe work here: atomics, and _exit for the second signal.
     if !ARMED.load(Ordering::SeqCst) {
-        // SAFETY: as below. Start-up work has nothing to save, and "try again" is the truth.
-        unsafe { libc::_exit(libc::c_int::from(PREEMPTED_EXIT_CODE)) };
+        // Said, so that a log shows why this start ended with 75 and no checkpoint.
+        let said = STOPPED_DURING_START_UP.as_bytes();
+        // SAFETY: write(2) and _exit are async-signal-safe; `said` is a valid static buffer.
+        // Start-up work has nothing to save, and "try again" is the truth.
+        unsafe {
+            libc::write(libc::STDERR_FILENO, said.as_ptr().cast(), said.len());
+            libc::_exit(libc::c_int::from(PREEMPTED_EXIT_CODE))
+        };
     }
     let now = monotonic_ns();
     if RECEIVED.fetch_add(1, Ordering::SeqCst) > 0 {
