@@ -16,6 +16,11 @@
 //! the buckets training would use, summed over all ranks, per bucket size. It reports
 //! algorithm bandwidth (bytes / time) and bus bandwidth (x 2(p-1)/p, the NCCL-tests convention:
 //! the traffic each link carries, comparable with the link's rate).
+//!
+//! `bench assign` times giving photos their buildings (`predict --footprints`): reading and
+//! checking the footprints file, projecting and indexing them, then assigning every photo of a
+//! CSV (latitude, longitude, optional heading), with the process's peak memory — what
+//! bench/compare_assign.py times for geopandas' `sjoin` + `sjoin_nearest`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -56,6 +61,10 @@ pub enum BenchError {
     GradSync(#[from] crate::cluster::grad_sync::GradSyncError),
     #[error("--bucket-mb {0}: must be positive")]
     BucketSize(f64),
+    #[error(transparent)]
+    Footprints(#[from] crate::predict::footprints::FootprintError),
+    #[error("{}: {problem}", path.display())]
+    Photos { path: std::path::PathBuf, problem: String },
 }
 
 #[derive(Debug, Clone)]
@@ -662,4 +671,73 @@ mod tests {
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(median(&[]).is_nan());
     }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AssignBenchResult {
+    pub footprints: usize,
+    pub photos: usize,
+    pub max_distance_m: f64,
+    /// Reading and checking the GeoJSON file.
+    pub read_seconds: f64,
+    /// Projecting the footprints and building the R-tree.
+    pub index_seconds: f64,
+    /// Assigning every photo.
+    pub assign_seconds: f64,
+    /// Photos per kind of assignment (inside, line_of_sight, nearest, none).
+    pub kinds: std::collections::BTreeMap<&'static str, usize>,
+    /// Resident memory before reading the footprints (the binary and libtorch's libraries).
+    pub rss_before_mib: Option<f64>,
+    /// Peak resident memory of the whole process (VmHWM).
+    pub peak_rss_mib: Option<f64>,
+}
+
+/// A photo of the benchmark's CSV: latitude, longitude and heading (an empty cell: none).
+#[derive(serde::Deserialize)]
+struct BenchPhoto {
+    latitude: f64,
+    longitude: f64,
+    heading: Option<f64>,
+}
+
+/// Times reading `footprints`, indexing them and assigning each photo of the CSV `photos` to
+/// its building within `max_distance_m`.
+pub fn bench_assign(
+    footprints: &std::path::Path,
+    id_key: &str,
+    photos: &std::path::Path,
+    max_distance_m: f64,
+) -> Result<AssignBenchResult, BenchError> {
+    use crate::predict::assign::Assigner;
+    use crate::predict::footprints::Footprints;
+    let photos_error = |problem: String| BenchError::Photos { path: photos.to_path_buf(), problem };
+    let mut reader = csv::Reader::from_path(photos).map_err(|e| photos_error(e.to_string()))?;
+    let photos: Vec<BenchPhoto> =
+        reader.deserialize().collect::<Result<_, _>>().map_err(|e| photos_error(e.to_string()))?;
+    let rss_before_mib = crate::util::memory::peak_rss_mib();
+    let started = Instant::now();
+    let footprints = Footprints::read(footprints, id_key)?;
+    let read_seconds = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let assigner = Assigner::new(&footprints, max_distance_m);
+    let index_seconds = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let assignments: Vec<_> =
+        photos.iter().map(|photo| assigner.assign(photo.latitude, photo.longitude, photo.heading)).collect();
+    let assign_seconds = started.elapsed().as_secs_f64();
+    let mut kinds = std::collections::BTreeMap::new();
+    for assignment in &assignments {
+        *kinds.entry(assignment.kind.as_str()).or_insert(0) += 1;
+    }
+    Ok(AssignBenchResult {
+        footprints: footprints.items.len(),
+        photos: photos.len(),
+        max_distance_m,
+        read_seconds,
+        index_seconds,
+        assign_seconds,
+        kinds,
+        rss_before_mib,
+        peak_rss_mib: crate::util::memory::peak_rss_mib(),
+    })
 }

@@ -194,7 +194,10 @@ fn a_campaign_folder_and_its_shards_agree_with_torchvision_pillow_and_geojson() 
     let summary = json_file(&out.join("summary.json"));
     assert_eq!(summary["images"], 22, "{summary}");
     assert_eq!(summary["refused"], 3, "{summary}");
-    assert_eq!(summary["without_gps"], 19 - 4, "{summary}");
+    // Four tagged photos; badgps.jpg's block is present but unreadable, counted apart.
+    assert_eq!(summary["without_gps"], 19 - 4 - 1, "{summary}");
+    assert_eq!(summary["gps_unreadable"], 1, "{summary}");
+    assert_eq!(summary["gps_unreadable_examples"][0]["path"], "campaign/day2/badgps.jpg", "{summary}");
     assert_eq!(summary["ignored_files"], 1, "{summary}");
     let per_class: u64 =
         summary["per_class"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();

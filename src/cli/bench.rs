@@ -28,6 +28,8 @@ pub enum BenchCommand {
     Loader(BenchLoaderArgs),
     /// Time the gradient all-reduce per bucket size (run under mpirun; rank 0 prints).
     Allreduce(BenchAllreduceArgs),
+    /// Time reading footprints and giving each photo of a CSV its building (predict --footprints).
+    Assign(BenchAssignArgs),
 }
 
 impl BenchCommand {
@@ -38,6 +40,7 @@ impl BenchCommand {
             BenchCommand::Peak(args) => args.run(),
             BenchCommand::Loader(args) => args.run(),
             BenchCommand::Allreduce(args) => args.run(),
+            BenchCommand::Assign(args) => args.run(),
         }
     }
 }
@@ -302,5 +305,34 @@ impl BenchAllreduceArgs {
             }
         })?;
         printed
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct BenchAssignArgs {
+    /// Building footprints: a GeoJSON FeatureCollection of (Multi)Polygons in WGS 84.
+    #[arg(long)]
+    footprints: PathBuf,
+    /// The property holding each footprint's id.
+    #[arg(long, default_value = "id")]
+    footprint_id: String,
+    /// Photos: a CSV with columns latitude, longitude and heading (empty: none).
+    #[arg(long)]
+    photos: PathBuf,
+    /// Metres within which a photo's line of sight or nearest footprint counts.
+    #[arg(long, default_value_t = 30.0)]
+    max_distance: f64,
+    #[arg(long)]
+    json: bool,
+}
+
+impl BenchAssignArgs {
+    fn run(self) -> Result<()> {
+        if !(self.max_distance.is_finite() && self.max_distance >= 0.0) {
+            bail!("--max-distance {}: must be a non-negative number of metres", self.max_distance);
+        }
+        let result =
+            bench::bench_assign(&self.footprints, &self.footprint_id, &self.photos, self.max_distance)?;
+        print::assign(&result, self.json)
     }
 }

@@ -2,7 +2,7 @@
 //! the command), and what several commands share: `ConfigArgs` (`--config`/`--set`) and
 //! `parse_arch`. Each command group's arguments, and the few calls into the library that
 //! carry it out, live in their own file: train.rs (train, reproduce: one rank of a job),
-//! model.rs (eval, predict, export), data.rs, weights.rs, bench.rs, report.rs (report,
+//! model.rs (eval, predict, buildings, export), data.rs, weights.rs, bench.rs, report.rs (report,
 //! publish, verify), doctor.rs. What the commands print is print.rs's; the exit status of a failed
 //! command is exit.rs's (0 success, 1 failure, 2 usage or configuration error, 75 a run
 //! stopped by a signal after its checkpoint).
@@ -31,7 +31,7 @@ pub use bench::BenchCommand;
 pub use data::DataCommand;
 pub use doctor::DoctorArgs;
 pub use exit::exit_code;
-pub use model::{CalibrateArgs, EvalArgs, ExplainArgs, ExportArgs, PredictArgs};
+pub use model::{BuildingsArgs, CalibrateArgs, EvalArgs, ExplainArgs, ExportArgs, PredictArgs};
 pub use report::{PublishArgs, ReportArgs, VerifyArgs};
 pub use train::{ReproduceArgs, TrainArgs};
 pub use weights::WeightsCommand;
@@ -66,6 +66,9 @@ pub enum Command {
     Eval(EvalArgs),
     /// Classify images with a model, or an ensemble of models.
     Predict(PredictArgs),
+    /// Join a finished `predict --out` to building footprints: each photo's building, each
+    /// building's fused estimate (buildings.geojson, buildings.csv) and the map.
+    Buildings(BuildingsArgs),
     /// Temperature scaling (and conformal prediction sets) fitted on held-out images, written
     /// as a new model file that predict, eval and explain apply.
     Calibrate(CalibrateArgs),
@@ -142,6 +145,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Train(args) => args.run(),
         Command::Eval(args) => args.run(),
         Command::Predict(args) => args.run(),
+        Command::Buildings(args) => args.run(),
         Command::Calibrate(args) => args.run(),
         Command::Explain(args) => args.run(),
         Command::Export(args) => args.run(),

@@ -1,6 +1,7 @@
 //! The commands that use a trained model from its checkpoint: `rtrain eval` (a split's
 //! metrics, with intervals, and per-image results), `rtrain predict` (image files printed; or a campaign's photos into a directory, as
-//! a job), `rtrain explain` (Grad-CAM heatmaps) and `rtrain export` (a torchvision state dict).
+//! a job), `rtrain buildings` (a finished `predict --out` joined to building footprints later),
+//! `rtrain explain` (Grad-CAM heatmaps) and `rtrain export` (a torchvision state dict).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -17,6 +18,7 @@ use crate::explain;
 use crate::inference::{self, Ensemble, Tta};
 use crate::plan::RunPlan;
 use crate::predict;
+use crate::predict::buildings::{self, Fusion};
 use crate::predict::campaign::{self, OnBadImage};
 use crate::run_dir::checkpoint;
 use crate::train::eval;
@@ -171,9 +173,60 @@ pub struct PredictArgs {
     /// set holds more than one class as abstained (`abstain` column and property; counted).
     #[arg(long, requires = "out")]
     pub abstain: bool,
+    /// With --out: building footprints (GeoJSON Polygons and MultiPolygons, WGS 84): each
+    /// positioned photo gets its building (columns building_id, assignment, distance_m), and
+    /// buildings.geojson, buildings.csv and map.png/.svg hold each building's fused estimate.
+    #[arg(long, value_name = "FILE", requires = "out")]
+    pub footprints: Option<PathBuf>,
+    #[command(flatten)]
+    pub building: BuildingArgs,
     /// Image files; with --out also directories (searched recursively) and shard sets.
     #[arg(required_unless_present = "from_list", value_name = "INPUT")]
     pub images: Vec<PathBuf>,
+}
+
+/// How photos are joined to footprints and fused (`predict --footprints`, `rtrain buildings`).
+#[derive(Debug, Args)]
+pub struct BuildingArgs {
+    /// The property of each footprint that holds its id.
+    #[arg(long = "footprint-id", value_name = "KEY", default_value = "id", requires = "footprints",
+          value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    pub id_key: String,
+    /// How far a photo may be from its building, in metres (when it is not inside one).
+    #[arg(long, value_name = "M", default_value_t = 30.0, requires = "footprints", value_parser = metres)]
+    pub max_distance: f64,
+    /// How a building's photos become one estimate: the mean of their probabilities, or their
+    /// normalised product (independent evidence).
+    #[arg(long, value_enum, default_value_t = Fusion::Mean, requires = "footprints")]
+    pub fusion: Fusion,
+    /// Write every footprint to buildings.geojson and .csv, those without photos too.
+    #[arg(long, requires = "footprints")]
+    pub all_footprints: bool,
+}
+
+/// The largest `--max-distance`: a photo of a building farther away than this is no photo of
+/// it, and the plane the distances are measured in stays true to the ground.
+const MAX_DISTANCE_M: f64 = 10_000.0;
+
+/// `--max-distance`: metres, positive and at most [`MAX_DISTANCE_M`].
+fn metres(value: &str) -> Result<f64, String> {
+    let metres: f64 = value.parse().map_err(|e| format!("{e}"))?;
+    match metres > 0.0 && metres <= MAX_DISTANCE_M {
+        true => Ok(metres),
+        false => Err(format!("a distance in metres above 0 and at most {MAX_DISTANCE_M}")),
+    }
+}
+
+impl BuildingArgs {
+    fn request(&self, footprints: PathBuf) -> buildings::Request {
+        buildings::Request {
+            footprints,
+            id_key: self.id_key.clone(),
+            max_distance_m: self.max_distance,
+            fusion: self.fusion,
+            all_footprints: self.all_footprints,
+        }
+    }
 }
 
 impl PredictArgs {
@@ -195,6 +248,7 @@ impl PredictArgs {
             part_size: self.part_size.map(|size| size as usize),
             on_bad_image: self.on_bad_image,
             abstain: self.abstain,
+            buildings: self.footprints.map(|footprints| self.building.request(footprints)),
         };
         job::run_in_job(loaded, exit_code, |config, comm| {
             let plan = RunPlan::for_prediction(config, comm.topology())?;
@@ -204,6 +258,28 @@ impl PredictArgs {
             }
             Ok(())
         })
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct BuildingsArgs {
+    /// The directory of a finished `rtrain predict --out`.
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Building footprints (GeoJSON Polygons and MultiPolygons, WGS 84).
+    #[arg(long, value_name = "FILE")]
+    pub footprints: PathBuf,
+    #[command(flatten)]
+    pub building: BuildingArgs,
+}
+
+impl BuildingsArgs {
+    /// One process: the photos are classified already.
+    pub(super) fn run(self) -> Result<()> {
+        let request = self.building.request(self.footprints);
+        campaign::add_buildings(&self.dir, &request)?;
+        println!("{}", self.dir.display());
+        Ok(())
     }
 }
 

@@ -6,8 +6,8 @@ use anyhow::Result;
 use tch::Device;
 
 use crate::bench::{
-    AgreeResult, AllreduceBenchResult, LoaderBench, LoaderBenchResult, PeakBenchResult, StepBench,
-    StepBenchResult, WireCheck,
+    AgreeResult, AllreduceBenchResult, AssignBenchResult, LoaderBench, LoaderBenchResult, PeakBenchResult,
+    StepBench, StepBenchResult, WireCheck,
 };
 use crate::cluster::Topology;
 use crate::data::shards::ShardManifest;
@@ -188,6 +188,28 @@ pub fn peak(result: &PeakBenchResult, size: i64, repeats: usize, json: bool) -> 
         println!(
             "{size}x{size} {} matrix product on {}, {} threads: best {:.1} GFLOP/s, median {:.1} of {repeats}",
             result.precision, result.device, result.threads, result.best_gflops, result.median_gflops
+        );
+    }
+    Ok(())
+}
+
+pub fn assign(result: &AssignBenchResult, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(result)?);
+    } else {
+        let mib = |value: Option<f64>| value.map_or("?".to_string(), |mib| format!("{mib:.0}"));
+        println!(
+            "{} footprints: read {:.3} s, projected and indexed {:.3} s; {} photos assigned in {:.3} s \
+             (within {} m: {:?}); peak RSS {} MiB ({} MiB before reading)",
+            result.footprints,
+            result.read_seconds,
+            result.index_seconds,
+            result.photos,
+            result.assign_seconds,
+            result.max_distance_m,
+            result.kinds,
+            mib(result.peak_rss_mib),
+            mib(result.rss_before_mib)
         );
     }
     Ok(())

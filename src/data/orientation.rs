@@ -154,6 +154,12 @@ impl Orientation {
     }
 }
 
+/// What kamadak-exif says of a subdirectory (Exif, GPS) whose next-directory offset is not 0:
+/// piexif writes none, so the bytes after its entries are read as one. Every entry has been
+/// read by then, so nothing is lost, and exiftool and Pillow say nothing; neither does rtrain
+/// (a campaign geotagged so would log it twice for every photo).
+const NEXT_AFTER_SUBDIRECTORY: &str = "Unexpected next IFD";
+
 /// An encoded image's Exif block (JPEG APP1, PNG eXIf) as far as it can be read, with why each
 /// part that could not was skipped; None when there is none or not even its header can be read.
 /// One bad part costs only itself, as in Pillow: a GPS directory without its next-directory
@@ -165,7 +171,8 @@ pub fn read_exif(bytes: &[u8]) -> Option<(exif::Exif, Vec<String>)> {
         Ok(exif) => Some((exif, Vec::new())),
         Err(exif::Error::PartialResult(partial)) => {
             let (exif, skipped) = partial.into_inner();
-            Some((exif, skipped.iter().map(ToString::to_string).collect()))
+            let lost = skipped.iter().map(ToString::to_string).filter(|why| why != NEXT_AFTER_SUBDIRECTORY);
+            Some((exif, lost.collect()))
         }
         Err(_) => None,
     }

@@ -3,13 +3,18 @@
 //! and for keeping a sample's provenance in a shard.
 //!
 //! GPS coordinates are read as exiftool and Pillow report them: degrees + minutes / 60 +
-//! seconds / 3600 from the three rationals, negative for the southern and western
-//! hemispheres (`GPSLatitudeRef` `S`, `GPSLongitudeRef` `W`) and below sea level
-//! (`GPSAltitudeRef` 1; any value but 0 and 1 makes the altitude unknown). A GPS block that
-//! cannot be read is "no GPS" with the reason kept, never an error: the photo's pixels are still
-//! good. Likewise a damaged part of the Exif block (a truncated directory, a tag declaring more
-//! values than the block holds) is skipped with the reason kept, and the rest of the block is
-//! read.
+//! seconds / 3600 from the rationals (one or two of them are degrees and minutes, as exiftool
+//! reads them), negative for the southern and western hemispheres (`GPSLatitudeRef` `S`,
+//! `GPSLongitudeRef` `W`) and below sea level (`GPSAltitudeRef` 1; any value but 0 and 1 makes
+//! the altitude unknown); the heading (`GPSImgDirection`, degrees clockwise from north, with
+//! `GPSImgDirectionRef` `T` or `M`) and `GPSHPositioningError` (metres) as their rationals. The
+//! same in either byte order, from a JPEG's APP1 or a PNG's eXIf chunk, and from writers that
+//! leave out the GPS directory's next-IFD offset (piexif). A GPS block that is present but
+//! cannot be read is no position with the reason kept (`gps_problem`), never an error: the
+//! photo's pixels are still good; a heading or positioning error that cannot be read is unknown,
+//! the position kept. Likewise a damaged part of the Exif block (a truncated directory, a tag
+//! declaring more values than the block holds) is skipped with the reason kept, and the rest of
+//! the block is read.
 
 use std::io::Cursor;
 
@@ -19,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use super::orientation::{read_exif, Orientation};
 
 /// Where a photo was taken (WGS 84, as Exif records it).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpsPosition {
     /// Degrees north (negative: south).
     pub latitude: f64,
@@ -27,6 +32,15 @@ pub struct GpsPosition {
     pub longitude: f64,
     /// Metres above sea level (negative: below), when recorded.
     pub altitude: Option<f64>,
+    /// `GPSImgDirection`: the direction the camera faced, degrees clockwise from north.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heading: Option<f64>,
+    /// `GPSImgDirectionRef`: `T` (true north) or `M` (magnetic north), when recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heading_ref: Option<String>,
+    /// `GPSHPositioningError`: the horizontal positioning error in metres, when recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub horizontal_error_m: Option<f64>,
 }
 
 /// The Exif facts about a photo that a prediction reports.
@@ -78,11 +92,12 @@ pub fn stored_size(bytes: &[u8]) -> Option<(u32, u32)> {
 }
 
 /// The GPS position, `Ok(None)` when the photo has no latitude and longitude, or why the ones
-/// it has cannot be read. An altitude that cannot be read is unknown, with why in `problems`.
+/// it has cannot be read. An altitude, heading or positioning error that cannot be read is
+/// unknown, with why in `problems`: the position stands without it.
 fn gps_position(exif: &Exif, problems: &mut Vec<String>) -> Result<Option<GpsPosition>, String> {
     let field = |tag| exif.get_field(tag, In::PRIMARY);
     let (latitude, longitude) = match (field(Tag::GPSLatitude), field(Tag::GPSLongitude)) {
-        (None, None) => return Ok(None),
+        (None, None) => return lost_gps_directory(exif).map_or(Ok(None), Err),
         (Some(latitude), Some(longitude)) => (latitude, longitude),
         _ => return Err("GPSLatitude without GPSLongitude or the reverse".to_string()),
     };
@@ -115,16 +130,113 @@ fn gps_position(exif: &Exif, problems: &mut Vec<String>) -> Result<Option<GpsPos
             }
         }
     };
-    Ok(Some(GpsPosition { latitude, longitude, altitude }))
+    let heading =
+        optional(single_rational(field(Tag::GPSImgDirection).map(|f| &f.value), "GPSImgDirection"), problems)
+            .and_then(|degrees| {
+                if (0.0..360.0).contains(&degrees) {
+                    Some(degrees)
+                } else {
+                    problems.push(format!(
+                        "GPSImgDirection is {degrees}, not in [0, 360) degrees: heading unknown"
+                    ));
+                    None
+                }
+            });
+    // The reference only means something beside a heading.
+    let heading_ref = heading.and_then(|_| heading_reference(field(Tag::GPSImgDirectionRef), problems));
+    let horizontal_error_m = optional(
+        single_rational(field(Tag::GPSHPositioningError).map(|f| &f.value), "GPSHPositioningError"),
+        problems,
+    );
+    Ok(Some(GpsPosition { latitude, longitude, altitude, heading, heading_ref, horizontal_error_m }))
 }
 
-/// Degrees from Exif's three rationals: degrees, minutes, seconds.
+/// The value of an optional tag, or None with why (and that it is left unknown) in `problems`.
+fn optional(read: Result<Option<f64>, String>, problems: &mut Vec<String>) -> Option<f64> {
+    read.unwrap_or_else(|why| {
+        problems.push(format!("{why}: left unknown"));
+        None
+    })
+}
+
+/// A tag of one unsigned rational (`GPSImgDirection`, `GPSHPositioningError`); `Ok(None)` when
+/// the photo does not have it.
+fn single_rational(value: Option<&Value>, tag: &str) -> Result<Option<f64>, String> {
+    match value {
+        None => Ok(None),
+        Some(Value::Rational(values)) => {
+            let value = values.first().ok_or(format!("{tag} is empty"))?;
+            rational(value.num, value.denom, tag).map(Some)
+        }
+        Some(_) => Err(format!("{tag} is not a rational")),
+    }
+}
+
+/// `GPSImgDirectionRef`: `T` (true north) or `M` (magnetic north), uppercase; None when absent
+/// or another letter (with why in `problems`).
+fn heading_reference(field: Option<&exif::Field>, problems: &mut Vec<String>) -> Option<String> {
+    let letter = match &field?.value {
+        Value::Ascii(strings) => strings.first().and_then(|s| s.first()).map(u8::to_ascii_uppercase),
+        _ => None,
+    };
+    match letter {
+        Some(c @ (b'T' | b'M')) => Some((c as char).to_string()),
+        other => {
+            let seen = other.map_or("not a letter".to_string(), |c| format!("{:?}", c as char));
+            problems.push(format!(
+                "GPSImgDirectionRef is {seen}, not T (true north) or M (magnetic north): heading reference unknown"
+            ));
+            None
+        }
+    }
+}
+
+/// Why the GPS directory that IFD0 points to gave no position although it holds one (or cannot
+/// be read at all), when it is so: kamadak-exif skips a directory it cannot read, and keeps no
+/// trace of the pointer, so that a damaged GPS block would otherwise look like no GPS block.
+/// None when IFD0 has no GPS pointer, or its directory has no latitude and longitude.
+fn lost_gps_directory(exif: &Exif) -> Option<String> {
+    let tiff = exif.buf();
+    let little = exif.little_endian();
+    let u16_at = |at: usize| {
+        let bytes: [u8; 2] = tiff.get(at..at.checked_add(2)?)?.try_into().ok()?;
+        Some(if little { u16::from_le_bytes(bytes) } else { u16::from_be_bytes(bytes) })
+    };
+    let u32_at = |at: usize| {
+        let bytes: [u8; 4] = tiff.get(at..at.checked_add(4)?)?.try_into().ok()?;
+        Some(if little { u32::from_le_bytes(bytes) } else { u32::from_be_bytes(bytes) })
+    };
+    // The tags of the directory at `at` (12-byte entries after a 2-byte count), or None.
+    let tags = |at: usize| -> Option<Vec<u16>> {
+        let count = usize::from(u16_at(at)?);
+        (0..count).map(|i| u16_at(at + 2 + 12 * i)).collect()
+    };
+    let ifd0 = usize::try_from(u32_at(4)?).ok()?;
+    let entries = usize::from(u16_at(ifd0)?);
+    let pointer = (0..entries).map(|i| ifd0 + 2 + 12 * i).find(|&entry| u16_at(entry) == Some(0x8825))?;
+    let Some(gps) = u32_at(pointer + 8).and_then(|offset| usize::try_from(offset).ok()) else {
+        return Some("the GPS directory pointer cannot be read".to_string());
+    };
+    match tags(gps) {
+        None => Some(format!(
+            "the GPS directory at offset {gps} lies outside the {}-byte Exif block or is cut short",
+            tiff.len()
+        )),
+        Some(tags) if tags.contains(&2) || tags.contains(&4) => Some(
+            "the GPS directory holds GPSLatitude or GPSLongitude, but they could not be read".to_string(),
+        ),
+        Some(_) => None,
+    }
+}
+
+/// Degrees from Exif's rationals: degrees, minutes, seconds. Like exiftool, one or two values
+/// are degrees (and minutes), the rest taken as 0.
 fn degrees(value: &Value, tag: &str) -> Result<f64, String> {
     let Value::Rational(values) = value else { return Err(format!("{tag} is not rationals")) };
-    if values.len() != 3 {
+    if !(1..=3).contains(&values.len()) {
         return Err(format!("{tag} has {} values, not degrees, minutes and seconds", values.len()));
     }
-    let part = |i: usize| rational(values[i].num, values[i].denom, tag);
+    let part = |i: usize| values.get(i).map_or(Ok(0.0), |v| rational(v.num, v.denom, tag));
     Ok(part(0)? + part(1)? / 60.0 + part(2)? / 3600.0)
 }
 
@@ -266,6 +378,114 @@ mod tests {
         );
     }
 
+    /// A GPS entry: tag, Exif type (2 ASCII, 5 RATIONAL), count, and its value's bytes in
+    /// big-endian order (swapped per 2- or 4-byte unit for a little-endian block).
+    type Entry = (u16, u16, u32, Vec<u8>);
+
+    fn ascii(tag: u16, text: &str) -> Entry {
+        let mut bytes = text.as_bytes().to_vec();
+        bytes.push(0);
+        (tag, 2, bytes.len() as u32, bytes)
+    }
+
+    fn rationals(tag: u16, values: &[(u32, u32)]) -> Entry {
+        let bytes = values.iter().flat_map(|(n, d)| [n.to_be_bytes(), d.to_be_bytes()].concat()).collect();
+        (tag, 5, values.len() as u32, bytes)
+    }
+
+    /// A JPEG's first bytes up to an APP1 block whose IFD0 holds only the GPS pointer, at
+    /// `gps_offset` (None: right after IFD0, where the directory of `entries` is written).
+    fn jpeg_with_gps(little: bool, entries: &[Entry], gps_offset: Option<u32>) -> Vec<u8> {
+        let u16b = |v: u16| if little { v.to_le_bytes().to_vec() } else { v.to_be_bytes().to_vec() };
+        let u32b = |v: u32| if little { v.to_le_bytes().to_vec() } else { v.to_be_bytes().to_vec() };
+        let mut tiff = if little { b"II*\0".to_vec() } else { b"MM\0*".to_vec() };
+        tiff.extend(u32b(8));
+        let gps_at = 8 + 2 + 12 + 4;
+        tiff.extend(u16b(1));
+        tiff.extend([u16b(0x8825), u16b(4), u32b(1), u32b(gps_offset.unwrap_or(gps_at))].concat());
+        tiff.extend(u32b(0));
+        let mut data_at = gps_at as usize + 2 + 12 * entries.len() + 4;
+        let mut data = Vec::new();
+        tiff.extend(u16b(entries.len() as u16));
+        for (tag, kind, count, value) in entries {
+            let value: Vec<u8> = if little && *kind == 5 {
+                value.chunks(4).flat_map(|c| c.iter().rev().copied().collect::<Vec<u8>>()).collect()
+            } else {
+                value.clone()
+            };
+            tiff.extend([u16b(*tag), u16b(*kind), u32b(*count)].concat());
+            if value.len() <= 4 {
+                let mut inline = value.clone();
+                inline.resize(4, 0);
+                tiff.extend(inline);
+            } else {
+                tiff.extend(u32b(data_at as u32));
+                data_at += value.len();
+                data.extend(value);
+            }
+        }
+        tiff.extend(u32b(0));
+        tiff.extend(data);
+        let mut jpeg = vec![0xFF, 0xD8, 0xFF, 0xE1];
+        jpeg.extend(((tiff.len() + 8) as u16).to_be_bytes());
+        jpeg.extend(b"Exif\0\0");
+        jpeg.extend(tiff);
+        jpeg.extend([0xFF, 0xD9]);
+        jpeg
+    }
+
+    fn position() -> Vec<Entry> {
+        vec![
+            ascii(1, "S"),
+            rationals(2, &[(33, 1), (52, 1), (768, 100)]),
+            ascii(3, "E"),
+            rationals(4, &[(151, 1), (12, 1), (3000, 100)]),
+        ]
+    }
+
+    #[test]
+    fn heading_reference_and_positioning_error_in_either_byte_order() {
+        let mut entries = position();
+        entries.extend([ascii(0x10, "m"), rationals(0x11, &[(12345, 100)]), rationals(0x1f, &[(47, 10)])]);
+        for little in [true, false] {
+            let tags = PhotoTags::of(&jpeg_with_gps(little, &entries, None));
+            let gps = tags.gps.clone().unwrap_or_else(|| panic!("little-endian {little}: {tags:?}"));
+            assert_eq!(gps.latitude, -(33.0 + 52.0 / 60.0 + 7.68 / 3600.0));
+            assert_eq!(gps.longitude, 151.0 + 12.0 / 60.0 + 30.0 / 3600.0);
+            assert_eq!((gps.heading, gps.heading_ref.as_deref()), (Some(123.45), Some("M")));
+            assert_eq!(gps.horizontal_error_m, Some(4.7));
+            assert!(tags.exif_problems.is_empty() && tags.gps_problem.is_none(), "{tags:?}");
+        }
+    }
+
+    #[test]
+    fn a_bad_heading_or_positioning_error_is_unknown_and_the_position_stands() {
+        let mut entries = position();
+        entries.extend([ascii(0x10, "X"), rationals(0x11, &[(400, 1)]), rationals(0x1f, &[(5, 0)])]);
+        let tags = PhotoTags::of(&jpeg_with_gps(false, &entries, None));
+        let gps = tags.gps.unwrap();
+        assert_eq!((gps.heading, gps.heading_ref, gps.horizontal_error_m), (None, None, None));
+        let problems = tags.exif_problems.join("\n");
+        assert!(problems.contains("GPSImgDirection is 400, not in [0, 360)"), "{problems}");
+        assert!(problems.contains("GPSHPositioningError has a zero denominator"), "{problems}");
+        // A heading without a reference has none.
+        let mut entries = position();
+        entries.push(rationals(0x11, &[(90, 1)]));
+        let gps = PhotoTags::of(&jpeg_with_gps(true, &entries, None)).gps.unwrap();
+        assert_eq!((gps.heading, gps.heading_ref), (Some(90.0), None));
+    }
+
+    #[test]
+    fn a_gps_directory_that_cannot_be_read_is_a_gps_problem_not_no_gps() {
+        let tags = PhotoTags::of(&jpeg_with_gps(true, &position(), Some(0x00FF_FFF0)));
+        assert_eq!(tags.gps, None);
+        let problem = tags.gps_problem.unwrap_or_default();
+        assert!(problem.contains("GPS directory at offset 16777200 lies outside"), "{problem}");
+        // A GPS directory without a position is no GPS.
+        let tags = PhotoTags::of(&jpeg_with_gps(false, &[ascii(0x10, "T")], None));
+        assert_eq!((tags.gps, tags.gps_problem), (None, None));
+    }
+
     #[test]
     fn degrees_minutes_seconds_and_a_zero_denominator() {
         let r = |num, denom| exif::Rational { num, denom };
@@ -273,5 +493,9 @@ mod tests {
         assert!((degrees(&value, "t").unwrap() - (29.0 + 57.0 / 60.0 + 30.36 / 3600.0)).abs() < 1e-12);
         let broken = Value::Rational(vec![r(29, 1), r(57, 0), r(0, 1)]);
         assert!(degrees(&broken, "GPSLatitude").unwrap_err().contains("zero denominator"));
+        // Degrees and decimal minutes without seconds, as exiftool reads them.
+        let short = Value::Rational(vec![r(29, 1), r(5706, 100)]);
+        assert!((degrees(&short, "t").unwrap() - (29.0 + 57.06 / 60.0)).abs() < 1e-12);
+        assert!(degrees(&Value::Rational(vec![]), "GPSLatitude").unwrap_err().contains("0 values"));
     }
 }

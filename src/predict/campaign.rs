@@ -17,6 +17,11 @@
 //! One job at a time writes DIR: rank 0 holds an exclusive lock (flock) on `DIR/.rtrain.lock`
 //! from start to end, and a second job is refused at once, naming the holder the lock file
 //! records.
+//!
+//! With `--footprints`, rank 0 reads the footprints before any photo is classified (a bad file
+//! fails the job at once), and gives each photo its building when it merges, so that a resumed
+//! job and any world size give the same files; [`add_buildings`] does the same later, for an
+//! existing directory (`rtrain buildings`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -26,7 +31,9 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use super::buildings;
 use super::inputs::{Ignored, Inputs};
+use super::map;
 use super::outputs::{self, FileStamp, Part, Record};
 use crate::cluster::signals::{self, StoppedBySignal};
 use crate::cluster::{self, Communicator};
@@ -62,6 +69,8 @@ pub struct Request {
     pub on_bad_image: OnBadImage,
     /// Mark photos whose conformal prediction set is not one class (`--abstain`).
     pub abstain: bool,
+    /// Per building (`--footprints`).
+    pub buildings: Option<buildings::Request>,
 }
 
 /// What identifies a job's parts: a rerun continues only the same job.
@@ -97,9 +106,9 @@ fn part_range(part: usize, part_size: usize, images: usize) -> std::ops::Range<u
     part * part_size..((part + 1) * part_size).min(images)
 }
 
-/// `summary.json`.
-#[derive(Debug, Serialize)]
-struct Summary<'a> {
+/// `summary.json`: written by a job, read and written again by [`add_buildings`].
+#[derive(Debug, Serialize, serde::Deserialize)]
+struct Summary {
     model: PathBuf,
     model_sha256: String,
     /// Every model used (one, or an ensemble's members), with its sha256 and temperature.
@@ -109,14 +118,17 @@ struct Summary<'a> {
     /// cost, beside `images_per_second`.
     passes_per_image: usize,
     /// The calibration applied (a single calibrated model's), with what it was fitted on.
-    calibration: Option<&'a Calibration>,
+    calibration: Option<Calibration>,
     rtrain_version: String,
     inputs: Vec<PathBuf>,
+    /// The model's classes, in its order (the order of the `probabilities` of each record).
+    #[serde(default)]
+    classes: Vec<String>,
     #[serde(flatten)]
     counts: outputs::Counts,
     /// Files and folders met and left out: how many, and each with why.
     ignored_files: usize,
-    ignored: &'a [Ignored],
+    ignored: Vec<Ignored>,
     parts: usize,
     /// Parts found finished by an earlier run of the same command.
     parts_resumed: usize,
@@ -125,6 +137,29 @@ struct Summary<'a> {
     /// This run's time, and the images it classified per second (resumed parts excluded).
     wall_seconds: f64,
     images_per_second: f64,
+    /// With `--footprints`: the buildings, and the photos by how they were assigned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    buildings: Option<buildings::Summary>,
+}
+
+const SUMMARY_FILE: &str = "summary.json";
+
+impl Summary {
+    fn write(&self, out: &Path) -> Result<()> {
+        let mut json = serde_json::to_vec_pretty(self)?;
+        json.push(b'\n');
+        write_atomic(&out.join(SUMMARY_FILE), &json)?;
+        Ok(())
+    }
+
+    fn read(out: &Path) -> Result<Summary> {
+        let path = out.join(SUMMARY_FILE);
+        let bytes = std::fs::read(&path).with_context(|| {
+            format!("reading {}: not the directory of a finished `rtrain predict --out`", path.display())
+        })?;
+        serde_json::from_slice(&bytes)
+            .with_context(|| format!("{}: not the summary of `rtrain predict --out`", path.display()))
+    }
 }
 
 const JOB_FILE: &str = "job.json";
@@ -146,11 +181,16 @@ pub fn run(
     signals::install().context("installing the stop-signal handlers")?;
     let topology = comm.topology().clone();
     let config = &plan.config;
-    let lock = if topology.is_root() { lock_out_dir(&request.out).map(Some) } else { Ok(None) };
-    cluster::agree(comm.as_ref(), lock.as_ref().map(|_| ()).map_err(|e| format!("{e:#}")))
+    // Footprints first: a bad file ends the job before a photo is classified.
+    let setup = match topology.is_root() {
+        true => read_footprints(request)
+            .and_then(|footprints| Ok((footprints, Some(lock_out_dir(&request.out)?)))),
+        false => Ok((None, None)),
+    };
+    cluster::agree(comm.as_ref(), setup.as_ref().map(|_| ()).map_err(|e| format!("{e:#}")))
         .map_err(|failures| anyhow::anyhow!("{}", cluster::describe_failures(&failures)))?;
-    // Held until the merged files are written.
-    let _lock = lock?;
+    // The lock is held until the merged files are written.
+    let (footprints, _lock) = setup?;
     let inputs = Arc::new(Inputs::gather(&request.inputs, &request.lists)?);
     if topology.is_root() {
         for ignored in &inputs.ignored {
@@ -226,9 +266,7 @@ pub fn run(
     }
     let classes = ensemble.classes();
     let out = &request.out;
-    write_atomic(&out.join("predictions.csv"), &outputs::csv_bytes(&records, classes, top)?)?;
-    write_atomic(&out.join("predictions.jsonl"), &outputs::jsonl_bytes(&records)?)?;
-    write_atomic(&out.join("predictions.geojson"), &outputs::geojson_bytes(&records, classes)?)?;
+    let buildings = write_merged(out, &mut records, classes, top, footprints.as_ref())?;
     let wall_seconds = started.elapsed().as_secs_f64();
     let summary = Summary {
         model: ensemble.first().path.clone(),
@@ -236,33 +274,105 @@ pub fn run(
         members: ensemble.records(),
         tta: ensemble.tta,
         passes_per_image: ensemble.passes(),
-        calibration: ensemble.calibration(),
+        calibration: ensemble.calibration().cloned(),
         rtrain_version: key.rtrain_version.clone(),
         inputs: request.inputs.iter().chain(&request.lists).cloned().collect(),
+        classes: classes.to_vec(),
         counts: outputs::counts(&records, classes),
         ignored_files: inputs.ignored.len(),
-        ignored: &inputs.ignored,
+        ignored: inputs.ignored.clone(),
         parts,
         parts_resumed: totals[1] as usize,
         ranks: world,
         compute: plan.compute.to_string(),
         wall_seconds,
         images_per_second: totals[2] / wall_seconds.max(1e-9),
+        buildings,
     };
-    let mut json = serde_json::to_vec_pretty(&summary)?;
-    json.push(b'\n');
-    write_atomic(&out.join("summary.json"), &json)?;
+    summary.write(out)?;
     let counts = &summary.counts;
+    let first_unreadable = counts
+        .gps_unreadable_examples
+        .first()
+        .map(|example| format!(" (first: {}: {})", example.path, example.problem))
+        .unwrap_or_default();
     tracing::info!(
-        "classified {} of {} images into {} ({} refused, {} without GPS), {:.1} img/s",
+        "classified {} of {} images into {} ({} refused, {} without GPS, {} with an unreadable GPS block{}), {:.1} img/s",
         counts.classified,
         counts.images,
         out.display(),
         counts.refused,
         counts.without_gps,
+        counts.gps_unreadable,
+        first_unreadable,
         summary.images_per_second
     );
     Ok(Some(out.clone()))
+}
+
+/// The footprints of the request, read and indexed (None without `--footprints`).
+fn read_footprints(request: &Request) -> Result<Option<buildings::Prepared>> {
+    Ok(request.buildings.as_ref().map(buildings::Prepared::read).transpose()?)
+}
+
+/// Writes the merged files of `records` into `out`: with `footprints`, each photo's building
+/// first, then `predictions.csv`, `.jsonl` and `.geojson`, and the building outputs and map.
+/// Returns the buildings' summary.
+fn write_merged(
+    out: &Path,
+    records: &mut [Record],
+    classes: &[String],
+    top: usize,
+    footprints: Option<&buildings::Prepared>,
+) -> Result<Option<buildings::Summary>> {
+    let fused =
+        footprints.map(|prepared| buildings::assign_and_fuse(prepared, records, classes)).transpose()?;
+    write_atomic(&out.join("predictions.csv"), &outputs::csv_bytes(records, classes, top)?)?;
+    write_atomic(&out.join("predictions.jsonl"), &outputs::jsonl_bytes(records)?)?;
+    write_atomic(&out.join("predictions.geojson"), &outputs::geojson_bytes(records, classes)?)?;
+    let (Some(prepared), Some(fused)) = (footprints, fused) else {
+        // Without footprints, a building file of an earlier run into this directory would
+        // describe other predictions than these: it goes.
+        for stale in [buildings::GEOJSON_FILE, buildings::CSV_FILE].into_iter().chain(map::FILES) {
+            match std::fs::remove_file(out.join(stale)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).with_context(|| format!("removing {}", out.join(stale).display()))
+                }
+                _ => {}
+            }
+        }
+        return Ok(None);
+    };
+    buildings::write(out, prepared, &fused, records, classes)?;
+    tracing::info!("{}", buildings::describe(&fused.summary));
+    Ok(Some(fused.summary))
+}
+
+/// `rtrain buildings DIR`: the per-building step of `predict --out --footprints` for the
+/// directory of a finished `predict --out` (footprints that came after the campaign): the
+/// prediction files again with each photo's building, the building outputs, the map, and the
+/// summary's `buildings`. Holds the directory's lock, as a job does.
+pub fn add_buildings(out: &Path, request: &buildings::Request) -> Result<buildings::Summary> {
+    let mut summary = Summary::read(out)?;
+    let _lock = lock_out_dir(out)?;
+    if summary.classes.is_empty() {
+        bail!(
+            "{}: names no classes (written by an older rtrain): run its `rtrain predict --out` again with \
+             --footprints (its finished parts are only merged)",
+            out.join(SUMMARY_FILE).display()
+        );
+    }
+    let prepared = buildings::Prepared::read(request)?;
+    let path = out.join("predictions.jsonl");
+    let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut records = outputs::parse_jsonl(&bytes).with_context(|| format!("{}", path.display()))?;
+    // The `--top` of the job: every classified record holds that many.
+    let top = records.iter().map(|r| r.top.len()).max().unwrap_or(0);
+    let written = write_merged(out, &mut records, &summary.classes, top, Some(&prepared))?;
+    let buildings = written.context("no buildings' summary with footprints")?;
+    summary.buildings = Some(buildings.clone());
+    summary.write(out)?;
+    Ok(buildings)
 }
 
 /// Takes the exclusive lock of the output directory `out` (creating both), or names the job

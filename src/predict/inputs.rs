@@ -85,7 +85,7 @@ pub struct Inputs {
 }
 
 /// A file or folder met and left out, with why.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Ignored {
     pub path: String,
     pub reason: String,

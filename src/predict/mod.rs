@@ -2,10 +2,16 @@
 //! and evaluation transform that training and evaluation use, so that a prediction sees the
 //! pixels they see. This module prints a few files' predictions (`predict IMG...`);
 //! [`campaign`] classifies a whole campaign's photos into a directory as a job, from the
-//! inputs [`inputs`] gathers, writing what [`outputs`] formats.
+//! inputs [`inputs`] gathers, writing what [`outputs`] formats; with building footprints,
+//! [`footprints`] reads them, [`assign`] gives each photo its building, [`buildings`] fuses
+//! each building's photos and [`map`] draws the result.
 
+pub mod assign;
+pub mod buildings;
 pub mod campaign;
+pub mod footprints;
 pub mod inputs;
+pub mod map;
 pub mod outputs;
 
 use std::path::{Path, PathBuf};

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::assign::AssignmentKind;
 use crate::calibration;
 use crate::data::photo::PhotoTags;
 use crate::run_dir::checkpoint::Calibration;
@@ -40,6 +41,18 @@ pub struct Record {
     pub latitude: Option<f64>,
     pub longitude: Option<f64>,
     pub altitude: Option<f64>,
+    /// `GPSImgDirection`: degrees clockwise from north the camera faced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heading: Option<f64>,
+    /// `GPSImgDirectionRef`: `T` (true north) or `M` (magnetic north).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heading_ref: Option<String>,
+    /// `GPSHPositioningError`: the horizontal positioning error in metres.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position_error_m: Option<f64>,
+    /// Why the photo's GPS block, present, could not be read (then it has no position).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gps_problem: Option<String>,
     /// Exif `DateTimeOriginal` (+ `OffsetTimeOriginal`) as ISO 8601.
     pub capture_time: Option<String>,
     /// Why the image has no prediction.
@@ -56,6 +69,15 @@ pub struct Record {
     /// With `--abstain`: the set holds more than one class (or none), so no class is claimed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub abstain: Option<bool>,
+    /// With `--footprints`: the id of the building the photo was assigned to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub building_id: Option<String>,
+    /// With `--footprints`: how the photo was assigned (or that it was not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignment: Option<AssignmentKind>,
+    /// With `--footprints`: metres from the photo to its building (0 inside it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distance_m: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -74,7 +96,7 @@ impl Record {
         tags: Option<&PhotoTags>,
     ) -> Record {
         let tags = tags.filter(|_| size.is_some());
-        let gps = tags.and_then(|t| t.gps);
+        let gps = tags.and_then(|t| t.gps.as_ref());
         Record {
             path,
             sha256,
@@ -88,12 +110,19 @@ impl Record {
             latitude: gps.map(|g| g.latitude),
             longitude: gps.map(|g| g.longitude),
             altitude: gps.and_then(|g| g.altitude),
+            heading: gps.and_then(|g| g.heading),
+            heading_ref: gps.and_then(|g| g.heading_ref.clone()),
+            position_error_m: gps.and_then(|g| g.horizontal_error_m),
+            gps_problem: tags.and_then(|t| t.gps_problem.clone()),
             capture_time: tags.and_then(|t| t.captured.clone()),
             error: None,
             entropy: None,
             uncertain: None,
             prediction_set: None,
             abstain: None,
+            building_id: None,
+            assignment: None,
+            distance_m: None,
         }
     }
 
@@ -167,6 +196,10 @@ pub fn csv_bytes(records: &[Record], classes: &[String], top: usize) -> Result<V
             "latitude",
             "longitude",
             "altitude",
+            "heading",
+            "heading_ref",
+            "position_error_m",
+            "gps_problem",
             "capture_time",
             "error",
             "entropy",
@@ -174,6 +207,9 @@ pub fn csv_bytes(records: &[Record], classes: &[String], top: usize) -> Result<V
             "prediction_set",
             "set_size",
             "abstain",
+            "building_id",
+            "assignment",
+            "distance_m",
         ]
         .map(String::from),
     );
@@ -202,6 +238,10 @@ pub fn csv_bytes(records: &[Record], classes: &[String], top: usize) -> Result<V
             text(record.latitude.map(|v| v.to_string())),
             text(record.longitude.map(|v| v.to_string())),
             text(record.altitude.map(|v| v.to_string())),
+            text(record.heading.map(|v| v.to_string())),
+            cell(record.heading_ref.as_deref()),
+            text(record.position_error_m.map(|v| v.to_string())),
+            cell(record.gps_problem.as_deref()),
             cell(record.capture_time.as_deref()),
             cell(record.error.as_deref()),
             text(record.entropy.map(|v| v.to_string())),
@@ -209,6 +249,9 @@ pub fn csv_bytes(records: &[Record], classes: &[String], top: usize) -> Result<V
             cell(record.prediction_set.as_ref().map(|set| set.join("|")).as_deref()),
             text(record.set_size().map(|v| v.to_string())),
             text(record.abstain.map(|v| v.to_string())),
+            cell(record.building_id.as_deref()),
+            text(record.assignment.map(|kind| kind.as_str().to_string())),
+            text(record.distance_m.map(|v| v.to_string())),
         ]);
         writer.write_record(&row)?;
     }
@@ -219,7 +262,7 @@ pub fn csv_bytes(records: &[Record], classes: &[String], top: usize) -> Result<V
 /// injection, a `'` before a cell that starts with `=`, `+`, `-`, `@`, a tab or a carriage
 /// return (a file named `=HYPERLINK(...).jpg`, a class named `-1`). Applied to text cells only,
 /// so a negative longitude stays a number.
-fn neutralised(text: &str) -> String {
+pub(crate) fn neutralised(text: &str) -> String {
     if text.starts_with(['=', '+', '-', '@', '\t', '\r']) {
         format!("'{text}")
     } else {
@@ -344,7 +387,7 @@ pub fn geojson_bytes(records: &[Record], classes: &[String]) -> Result<Vec<u8>, 
 
 /// A probability as the f64 of its shortest decimal form, so that a JSON value built from it
 /// prints as the CSV and the JSON lines do (`0.32229975`, not `0.3222997486591339`).
-fn decimal(probability: f32) -> f64 {
+pub(crate) fn decimal(probability: f32) -> f64 {
     probability.to_string().parse().unwrap_or(f64::NAN)
 }
 
@@ -367,6 +410,10 @@ fn properties(record: &Record, classes: &[String]) -> serde_json::Value {
     map.insert("latitude".into(), record.latitude.into());
     map.insert("longitude".into(), record.longitude.into());
     map.insert("altitude".into(), record.altitude.into());
+    map.insert("heading".into(), record.heading.into());
+    map.insert("heading_ref".into(), record.heading_ref.clone().into());
+    map.insert("position_error_m".into(), record.position_error_m.into());
+    map.insert("gps_problem".into(), record.gps_problem.clone().into());
     map.insert("capture_time".into(), record.capture_time.clone().into());
     map.insert("error".into(), record.error.clone().into());
     map.insert("entropy".into(), record.entropy.into());
@@ -374,18 +421,26 @@ fn properties(record: &Record, classes: &[String]) -> serde_json::Value {
     map.insert("prediction_set".into(), record.prediction_set.clone().into());
     map.insert("set_size".into(), record.set_size().into());
     map.insert("abstain".into(), record.abstain.into());
+    map.insert("building_id".into(), record.building_id.clone().into());
+    map.insert("assignment".into(), record.assignment.map(AssignmentKind::as_str).into());
+    map.insert("distance_m".into(), record.distance_m.into());
     serde_json::Value::Object(map)
 }
 
 /// Counts over the records for `summary.json`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Counts {
     pub images: usize,
     pub classified: usize,
     /// Inputs that could not be read or decoded (rows with an error).
     pub refused: usize,
-    /// Classified photos with no GPS position (in the CSV, not on the map).
+    /// Classified photos with no GPS block at all (in the CSV, not on the map).
     pub without_gps: usize,
+    /// Classified photos whose GPS block is present but could not be read (in the CSV, not on
+    /// the map): counted apart from `without_gps`, since these are the ones to look into.
+    pub gps_unreadable: usize,
+    /// The first [`GPS_UNREADABLE_EXAMPLES`] of them, in the records' order, with why.
+    pub gps_unreadable_examples: Vec<GpsUnreadable>,
     pub per_class: BTreeMap<String, usize>,
     /// Photos whose entropy is above the calibrated threshold (None: not calibrated).
     pub uncertain: Option<usize>,
@@ -395,17 +450,37 @@ pub struct Counts {
     pub abstained: Option<usize>,
 }
 
+/// How many photos with an unreadable GPS block `summary.json` names.
+pub const GPS_UNREADABLE_EXAMPLES: usize = 5;
+
+/// A photo whose GPS block is present but could not be read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpsUnreadable {
+    pub path: String,
+    pub problem: String,
+}
+
 pub fn counts(records: &[Record], classes: &[String]) -> Counts {
     let mut per_class: BTreeMap<String, usize> = classes.iter().map(|c| (c.clone(), 0)).collect();
     for class in records.iter().filter_map(|r| r.class.as_ref()) {
         *per_class.entry(class.clone()).or_default() += 1;
     }
     let classified = records.iter().filter(|r| r.class.is_some()).count();
+    let unreadable =
+        records.iter().filter(|r| r.class.is_some()).filter_map(|r| Some((&r.path, r.gps_problem.as_ref()?)));
     Counts {
         images: records.len(),
         classified,
         refused: records.len() - classified,
-        without_gps: records.iter().filter(|r| r.class.is_some() && !r.has_gps()).count(),
+        without_gps: records
+            .iter()
+            .filter(|r| r.class.is_some() && !r.has_gps() && r.gps_problem.is_none())
+            .count(),
+        gps_unreadable: unreadable.clone().count(),
+        gps_unreadable_examples: unreadable
+            .take(GPS_UNREADABLE_EXAMPLES)
+            .map(|(path, problem)| GpsUnreadable { path: path.clone(), problem: problem.clone() })
+            .collect(),
         per_class,
         uncertain: count_some(records, |r| r.uncertain),
         mean_set_size: {
@@ -442,16 +517,19 @@ mod tests {
             lines[0],
             "path,sha256,class,probability,probability_C0,probability_C2,probability_C4,top1_class,\
              top1_probability,top2_class,top2_probability,width,height,orientation,latitude,longitude,\
-             altitude,capture_time,error,entropy,uncertain,prediction_set,set_size,abstain"
+             altitude,heading,heading_ref,position_error_m,gps_problem,capture_time,error,entropy,uncertain,\
+             prediction_set,set_size,abstain,building_id,assignment,distance_m"
         );
         // Equal probabilities keep the class order (C0 before C4); the entropy of (1/4, 1/2,
         // 1/4) is 1.5 ln 2.
         let entropy = 1.5 * std::f64::consts::LN_2;
         assert_eq!(
             lines[1],
-            format!("\"a, \"\"b\"\".jpg\",ab,C2,0.5,0.25,0.5,0.25,C2,0.5,C0,0.25,4,3,,,,,,,{entropy},,,,")
+            format!(
+                "\"a, \"\"b\"\".jpg\",ab,C2,0.5,0.25,0.5,0.25,C2,0.5,C0,0.25,4,3,,,,,,,,,,,{entropy},,,,,,,"
+            )
         );
-        assert_eq!(lines[2], "bad.jpg,,,,,,,,,,,,,,,,,,JPEG: not a JPEG file,,,,,");
+        assert_eq!(lines[2], "bad.jpg,,,,,,,,,,,,,,,,,,,,,,JPEG: not a JPEG file,,,,,,,,");
     }
 
     #[test]
@@ -461,19 +539,30 @@ mod tests {
         (mapped.latitude, mapped.longitude, mapped.altitude) = (Some(-33.5), Some(151.25), Some(-2.0));
         let mut unmapped = mapped.clone();
         (unmapped.path, unmapped.latitude, unmapped.longitude) = ("u.jpg".into(), None, None);
-        let records = [mapped, unmapped];
+        let mut unreadable = unmapped.clone();
+        unreadable.path = "x.jpg".into();
+        unreadable.gps_problem = Some("GPSLatitudeRef is 'X', not N or S".into());
+        let mut unreadable_refused = unreadable.clone();
+        (unreadable_refused.path, unreadable_refused.class) = ("y.jpg".into(), None);
+        let records = [mapped, unmapped, unreadable, unreadable_refused];
         let geojson: serde_json::Value =
             serde_json::from_slice(&geojson_bytes(&records, &classes()).unwrap()).unwrap();
         let features = geojson["features"].as_array().unwrap();
-        assert_eq!(features.len(), 1);
+        assert_eq!(features.len(), 1, "photos without a position, readable or not, are no features");
         assert_eq!(features[0]["geometry"]["coordinates"], serde_json::json!([151.25, -33.5, -2.0]));
         assert_eq!(features[0]["properties"]["class"], "C4");
         // Printed as in the CSV: 0.7f32 is 0.699999988079071 as an f64.
         let text = String::from_utf8(geojson_bytes(&records, &classes()).unwrap()).unwrap();
         assert!(text.contains("\"probability_C4\":0.7,"), "{text}");
         let counts = counts(&records, &classes());
-        assert_eq!((counts.images, counts.classified, counts.without_gps), (2, 2, 1));
-        assert_eq!(counts.per_class["C4"], 2);
+        assert_eq!((counts.images, counts.classified, counts.refused), (4, 3, 1));
+        // No GPS block (u.jpg) apart from an unreadable one (x.jpg; y.jpg was not classified).
+        assert_eq!((counts.without_gps, counts.gps_unreadable), (1, 1));
+        assert_eq!(
+            counts.gps_unreadable_examples,
+            [GpsUnreadable { path: "x.jpg".into(), problem: "GPSLatitudeRef is 'X', not N or S".into() }]
+        );
+        assert_eq!(counts.per_class["C4"], 3);
         assert_eq!(parse_jsonl(&jsonl_bytes(&records).unwrap()).unwrap(), records);
     }
 
