@@ -43,7 +43,7 @@ use crate::data::shards::SampleSource;
 use crate::inference::{self, Ensemble, MemberRecord, Tta};
 use crate::plan::RunPlan;
 use crate::run_dir::checkpoint::Calibration;
-use crate::util::files::{is_stale_temporary, write_atomic};
+use crate::util::files::{is_stale_temporary, read_regular, write_atomic};
 
 /// What to do with an input that cannot be read or decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -144,6 +144,12 @@ struct Summary {
 
 const SUMMARY_FILE: &str = "summary.json";
 
+/// What `rtrain buildings` reads of a directory that may come from elsewhere, each a regular
+/// file (a FIFO is refused, not waited on) within a bound: a summary lists at most every
+/// ignored file; predictions.jsonl holds about 1 KB a photo, so 16 GiB is millions of photos.
+const MAX_SUMMARY_BYTES: u64 = 1 << 30;
+const MAX_PREDICTIONS_BYTES: u64 = 16 << 30;
+
 impl Summary {
     fn write(&self, out: &Path) -> Result<()> {
         let mut json = serde_json::to_vec_pretty(self)?;
@@ -154,7 +160,7 @@ impl Summary {
 
     fn read(out: &Path) -> Result<Summary> {
         let path = out.join(SUMMARY_FILE);
-        let bytes = std::fs::read(&path).with_context(|| {
+        let bytes = read_regular(&path, MAX_SUMMARY_BYTES).with_context(|| {
             format!("reading {}: not the directory of a finished `rtrain predict --out`", path.display())
         })?;
         serde_json::from_slice(&bytes)
@@ -364,7 +370,8 @@ pub fn add_buildings(out: &Path, request: &buildings::Request) -> Result<buildin
     }
     let prepared = buildings::Prepared::read(request)?;
     let path = out.join("predictions.jsonl");
-    let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    let bytes =
+        read_regular(&path, MAX_PREDICTIONS_BYTES).with_context(|| format!("reading {}", path.display()))?;
     let mut records = outputs::parse_jsonl(&bytes).with_context(|| format!("{}", path.display()))?;
     // The `--top` of the job: every classified record holds that many.
     let top = records.iter().map(|r| r.top.len()).max().unwrap_or(0);

@@ -54,6 +54,10 @@ pub enum FootprintError {
     Invalid { path: PathBuf, problem: String },
 }
 
+/// The largest footprints file read: 4 GiB, above a US state's Microsoft footprints as GeoJSON
+/// (California's is about 3 GB); parsed whole, so the memory it takes is a few times its size.
+pub const MAX_FOOTPRINTS_BYTES: u64 = 4 << 30;
+
 /// The names a `crs` member may give WGS 84 longitude/latitude by (compared ignoring case).
 const WGS84_CRS_NAMES: &[&str] = &[
     "urn:ogc:def:crs:ogc:1.3:crs84",
@@ -68,7 +72,10 @@ impl Footprints {
     /// Reads and checks `path`.
     pub fn read(path: &Path, id_key: &str) -> Result<Footprints, FootprintError> {
         let invalid = |problem: String| FootprintError::Invalid { path: path.to_path_buf(), problem };
-        let text = std::fs::read_to_string(path).map_err(|e| invalid(format!("cannot read: {e}")))?;
+        // A FIFO or device is refused rather than waited on; a file beyond the bound, unread.
+        let bytes = crate::util::files::read_regular(path, MAX_FOOTPRINTS_BYTES)
+            .map_err(|e| invalid(format!("cannot read: {e}")))?;
+        let text = String::from_utf8(bytes).map_err(|e| invalid(format!("is not UTF-8 text: {e}")))?;
         let collection = match text.parse::<GeoJson>() {
             Ok(GeoJson::FeatureCollection(collection)) => collection,
             Ok(GeoJson::Feature(_)) => {
