@@ -264,19 +264,46 @@ fn summary(run: &Path) -> Value {
     serde_json::from_str(&text).unwrap()
 }
 
-/// The stops a job's output reports (rank 0's "stopped at global step N ..., checkpoint
-/// PATH; ..."), each checked to have left a valid checkpoint of that step; their global steps.
+/// The stops a job's output reports, one per start that a stop signal ended, each checked to
+/// have left a valid checkpoint of its step; their global steps. A stop's checkpoint is rank
+/// 0's "stopped at global step N ..., checkpoint PATH; ..." or, when slurmd killed the tasks
+/// (KillWait: 5 s here) before the step in flight and the stop's own checkpoint were done,
+/// the last completed step saved at once ("saved the last completed step (global step N) to
+/// PATH at once"): the checkpoint the stop guarantees.
 fn stops(log: &str) -> Vec<u64> {
+    let checkpoint_of = |line: &str| -> Option<(u64, String)> {
+        let (after, path) = if line.contains("stopped at global step") && line.contains(", checkpoint ") {
+            let after = line.split("stopped at global step ").nth(1)?;
+            (after, line.split(", checkpoint ").nth(1)?.split(';').next()?)
+        } else if line.contains("saved the last completed step (global step ") {
+            let after = line.split("(global step ").nth(1)?;
+            (after, line.split(") to ").nth(1)?.split(" at once").next()?)
+        } else {
+            return None;
+        };
+        let step = after.split([' ', ')']).next()?.parse().unwrap_or_else(|e| panic!("{e}: {line}"));
+        Some((step, path.to_string()))
+    };
+    // Each start logs its compute set-up once (rank 0), before any step.
+    let mut per_start: Vec<Option<(u64, String)>> = Vec::new();
+    for line in log.lines() {
+        if line.contains(" compute: ") || per_start.is_empty() {
+            per_start.push(None);
+        }
+        if let Some(found) = checkpoint_of(line) {
+            let own = line.contains("stopped at global step");
+            let slot = per_start.last_mut().unwrap();
+            // The stop's own checkpoint, when it came, replaces the rescued one.
+            if own || slot.is_none() {
+                *slot = Some(found);
+            }
+        }
+    }
     let mut steps = Vec::new();
-    for line in
-        log.lines().filter(|line| line.contains("stopped at global step") && line.contains(", checkpoint "))
-    {
-        let after = line.split("stopped at global step ").nth(1).unwrap();
-        let step: u64 = after.split(' ').next().unwrap().parse().unwrap_or_else(|e| panic!("{e}: {line}"));
-        let path = line.split(", checkpoint ").nth(1).unwrap().split(';').next().unwrap();
-        let meta = rtrain::run_dir::checkpoint::read_meta(Path::new(path))
-            .unwrap_or_else(|e| panic!("{path}: {e:#}"));
-        assert_eq!(meta.global_step, step, "{line}");
+    for (step, path) in per_start.into_iter().flatten() {
+        let meta = rtrain::run_dir::checkpoint::read_meta(Path::new(&path))
+            .unwrap_or_else(|e| panic!("{path}: {e:#}\n{log}"));
+        assert_eq!(meta.global_step, step, "{path}");
         steps.push(step);
     }
     steps
