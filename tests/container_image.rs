@@ -341,7 +341,7 @@ fn apptainer_scripts_run_in_the_image_as_apptainer_runs_them() {
 
 /// The README's one-box Docker command line.
 fn readme_docker_line() -> String {
-    let readme = std::fs::read_to_string(common::repo().join("README.md")).unwrap();
+    let readme = common::doc("docs/operations/containers.md");
     readme
         .lines()
         .map(str::trim)

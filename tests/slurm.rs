@@ -196,10 +196,11 @@ fn ended(state: &str, exit_code: &str) -> (String, String) {
 const FINAL_STATES: &[&str] =
     &["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"];
 
-/// The README's job scripts: its indented code blocks that start with `#!/bin/bash` and hold
-/// `#SBATCH` lines, each up to its first blank line.
+/// The README's job scripts (now in docs/operations/slurm.md and containers.md): their indented
+/// code blocks that start with `#!/bin/bash` and hold `#SBATCH` lines, each up to its first
+/// blank line.
 fn readme_job_scripts() -> Vec<String> {
-    let readme = std::fs::read_to_string(common::repo().join("README.md")).unwrap();
+    let readme = common::doc("docs/operations/slurm.md") + &common::doc("docs/operations/containers.md");
     let mut scripts = Vec::new();
     let mut current: Option<String> = None;
     for line in readme.lines() {
@@ -524,7 +525,7 @@ fn the_readmes_job_array_trains_one_seed_per_task() {
     assert_eq!(weights.len(), 3, "three seeds, three different models");
 
     // The README's report line, after the array.
-    let readme = std::fs::read_to_string(common::repo().join("README.md")).unwrap();
+    let readme = common::doc("docs/operations/slurm.md");
     let report_line = readme
         .lines()
         .find(|line| line.trim_start().starts_with("rtrain report $WORK/runs/damage-seed*"))

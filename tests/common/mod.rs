@@ -10,6 +10,12 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The text of a documentation page, by its path from the repository root
+/// (`docs/operations/slurm.md`): the tests that run what the docs show read it from there.
+pub fn doc(path: &str) -> String {
+    std::fs::read_to_string(repo().join(path)).unwrap_or_else(|e| panic!("read {path}: {e}"))
+}
+
 /// The Python with PyTorch and torchvision that `scripts/setup --test` installs. The reference
 /// tests need it: without it they fail and say how to get it, rather than silently passing.
 pub fn python() -> PathBuf {
