@@ -13,6 +13,7 @@ pub mod data;
 pub mod doctor;
 pub mod explain;
 pub mod inference;
+pub mod ingest;
 pub mod metrics;
 pub mod model;
 pub mod plan;

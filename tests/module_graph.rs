@@ -157,6 +157,44 @@ fn top_level_modules_form_no_cycle() {
     assert_acyclic(&edges, "top-level modules");
 }
 
+/// Top-level modules that may use `crate::ingest` besides `ingest` itself: the command line,
+/// which dispatches `rtrain data` and generates the default data on first use.
+const INGEST_USERS: [&str; 1] = ["cli"];
+
+/// Each use of `crate::ingest` from outside it and the command line, as `file -> module`.
+fn ingest_used_outside(edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Vec<String> {
+    edges
+        .iter()
+        .filter(|(from, _)| from[0] != "ingest" && !INGEST_USERS.contains(&from[0].as_str()))
+        .flat_map(|(from, targets)| {
+            targets
+                .iter()
+                .filter(|t| t[0] == "ingest")
+                .map(move |t| format!("{} -> {}", from.join("::"), t.join("::")))
+        })
+        .collect()
+}
+
+/// The offline dataset tools (`ingest`: synth, IDX import, the shard writer) stay apart from
+/// the training input path: `data` holds what the loader needs and never calls them, and
+/// nothing else does but the command line. (Test modules, as above, may reach anywhere.)
+#[test]
+fn only_the_command_line_uses_ingest() {
+    let edges = file_edges();
+    // The test can fail: the command line does use ingest.
+    assert!(
+        edges.iter().any(|(from, to)| from[0] == "cli" && to.iter().any(|t| t[0] == "ingest")),
+        "{edges:?}"
+    );
+    let outside = ingest_used_outside(&edges);
+    assert!(
+        outside.is_empty(),
+        "only ingest itself and {INGEST_USERS:?} may use crate::ingest (the training path must not \
+         depend on the offline tools; move shared code to data or util):\n{}",
+        outside.join("\n")
+    );
+}
+
 /// Every strongly connected component with more than one file (Tarjan's algorithm).
 fn find_cycles(edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Vec<Vec<Vec<String>>> {
     struct State<'a> {
@@ -225,4 +263,12 @@ fn a_cycle_is_found() {
     let paths = referenced_paths("use crate::x::{y, z::W};\nlet v = super::q::r();", &module("m::n"));
     assert!(paths.contains(&module("x::y")) && paths.contains(&module("x::z::W")), "{paths:?}");
     assert!(paths.contains(&module("m::q::r")), "{paths:?}");
+    // Ingest's users: the command line and ingest itself pass, data and anyone else fail.
+    let mut edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    edges.entry(module("cli::data")).or_default().insert(module("ingest::synth"));
+    edges.entry(module("ingest::idx")).or_default().insert(module("ingest::pool"));
+    assert_eq!(ingest_used_outside(&edges), Vec::<String>::new());
+    edges.entry(module("data::loader")).or_default().insert(module("ingest::synth"));
+    edges.entry(module("cluster::job")).or_default().insert(module("ingest"));
+    assert_eq!(ingest_used_outside(&edges), ["cluster::job -> ingest", "data::loader -> ingest::synth"]);
 }

@@ -12,10 +12,10 @@ use rand::{Rng, SeedableRng};
 use rtrain::data::decode::{
     decode, decode_region, decode_request, decode_whole, DecodeOptions, Request, DEFAULT_MAX_IMAGE_PIXELS,
 };
-use rtrain::data::ingest::photos::KINDS;
-use rtrain::data::ingest::synth::photo;
 use rtrain::data::loader::transform_encoded;
 use rtrain::data::transforms::{sample_rng, Augment, Crop, DrawnTransform, Geometry, Transform};
+use rtrain::ingest::photos::KINDS;
+use rtrain::ingest::synth::photo;
 use rtrain::util::files::read_safetensors;
 use tch::Tensor;
 

@@ -9,8 +9,11 @@ use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 
 use super::print;
-use crate::data::ingest::{extract, fetch, idx, synth};
+use crate::config::{Config, DEFAULT_DATA_ROOT};
 use crate::data::shards;
+use crate::ingest::shard_writer::{self, PrepareOptions};
+use crate::ingest::{idx, synth};
+use crate::util::{extract, fetch};
 
 #[derive(Debug, Subcommand)]
 pub enum DataCommand {
@@ -163,8 +166,8 @@ pub struct PrepareArgs {
 }
 
 impl PrepareArgs {
-    fn options(&self) -> shards::PrepareOptions {
-        shards::PrepareOptions {
+    fn options(&self) -> PrepareOptions {
+        PrepareOptions {
             splits: self.splits.clone(),
             shard_bytes: self.shard_mb << 20,
             resize: self.resize,
@@ -175,7 +178,7 @@ impl PrepareArgs {
     }
 
     fn run(self) -> Result<()> {
-        print::prepared_shards(&self.out, &shards::prepare(&self.src, &self.out, &self.options())?);
+        print::prepared_shards(&self.out, &shard_writer::prepare(&self.src, &self.out, &self.options())?);
         Ok(())
     }
 }
@@ -297,4 +300,24 @@ impl ExtractArgs {
         println!("{}: {} files, {} bytes", self.dest.display(), extracted.files, extracted.bytes);
         Ok(())
     }
+}
+
+/// The built-in default data, generated on first use, but only at its default path: a
+/// mistyped path of the user's must be an error, not a silent synthetic run. Training calls it
+/// on one rank per node ([`crate::cluster::job::once_per_node`]).
+pub(super) fn generate_default_data(config: &Config) -> Result<()> {
+    let root = &config.data.root;
+    if root == std::path::Path::new(DEFAULT_DATA_ROOT) && !root.exists() {
+        tracing::info!(
+            "generating the built-in synthetic damage-level dataset at {} (first use)",
+            root.display()
+        );
+        let summary = synth::generate(root, &synth::SynthOptions::default())?;
+        tracing::info!(
+            "generated {} training and {} validation images",
+            summary.train_images,
+            summary.val_images
+        );
+    }
+    Ok(())
 }

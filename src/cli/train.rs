@@ -168,7 +168,7 @@ fn train_as_rank(
     run_dir: Option<PathBuf>,
     resume: Resume,
 ) -> Result<Option<PathBuf>> {
-    job::ensure_default_data(config, comm.as_ref())?;
+    job::once_per_node(comm.as_ref(), || super::data::generate_default_data(config))?;
     let plan = RunPlan::for_training(config, comm.topology(), resume, None)?;
     job::stage_data(plan.staging.as_ref(), comm.as_ref())?;
     let run_dir = run_dir.unwrap_or_else(|| run_dir::default_run_dir(config));

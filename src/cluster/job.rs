@@ -9,8 +9,7 @@ use std::sync::Arc;
 use anyhow::{bail, Result};
 
 use super::{Communicator, Topology};
-use crate::config::{Config, ConfigError, DEFAULT_DATA_ROOT};
-use crate::data::ingest::synth;
+use crate::config::{Config, ConfigError};
 use crate::data::shards::{self, Staging};
 
 /// Refuses a job whose ranks resolved different configurations or run different rtrain
@@ -129,36 +128,18 @@ fn stage_on_this_node(root: &Path, dest: &Path, topology: &Topology) -> Result<(
     }
 }
 
-/// The built-in default data is generated on first use, but only at its default path: a
-/// mistyped path of the user's must be an error, not a silent synthetic run. In a job, rank 0
-/// generates it first; then the first rank of any node that still lacks it (no shared file
-/// system) does. A collective.
-pub fn ensure_default_data(config: &Config, comm: &dyn Communicator) -> Result<()> {
+/// Set-up that each node needs once and that does nothing where it is done already (the
+/// built-in default data): rank 0 does it first; then the first rank of any node that still
+/// lacks it (no shared file system) does. A collective.
+pub fn once_per_node(comm: &dyn Communicator, set_up: impl Fn() -> Result<()>) -> Result<()> {
     let topology = comm.topology();
     if topology.is_root() {
-        generate_default_data(config)?;
+        set_up()?;
     }
     comm.barrier();
     if topology.local_rank == 0 && !topology.is_root() {
-        generate_default_data(config)?;
+        set_up()?;
     }
     comm.barrier();
-    Ok(())
-}
-
-fn generate_default_data(config: &Config) -> Result<()> {
-    let root = &config.data.root;
-    if root == Path::new(DEFAULT_DATA_ROOT) && !root.exists() {
-        tracing::info!(
-            "generating the built-in synthetic damage-level dataset at {} (first use)",
-            root.display()
-        );
-        let summary = synth::generate(root, &synth::SynthOptions::default())?;
-        tracing::info!(
-            "generated {} training and {} validation images",
-            summary.train_images,
-            summary.val_images
-        );
-    }
     Ok(())
 }

@@ -1,14 +1,14 @@
 //! Image data: class-per-folder trees and WebDataset shards behind one [`dataset::Dataset`]
 //! trait, the sampler that splits each epoch among ranks, JPEG/PNG decoding, augmentation and the
-//! batch loader that feeds training. Getting data in (the built-in synthetic set, IDX import,
-//! downloads, archive extraction) is [`ingest`]'s.
+//! batch loader that feeds training. Making datasets (the built-in synthetic set, IDX import,
+//! writing shards) is `crate::ingest`'s, which this module never calls; downloads and archive
+//! extraction are `crate::util`'s.
 
 pub mod autoaugment;
 pub mod dataset;
 pub mod decode;
 pub mod encode;
 pub mod folder;
-pub mod ingest;
 pub mod loader;
 pub mod orientation;
 pub mod photo;

@@ -1,14 +1,13 @@
 //! WebDataset shards: the form rtrain reads fast, stages to node-local disk and verifies.
 //!
-//! `rtrain data prepare SRC OUT` turns an image tree (`SRC/<split>/<class>/*.jpg|png`) into
+//! A shard set (written by `rtrain data prepare`, `crate::ingest::shard_writer`) is
 //! `OUT/<split>-NNNNNN.tar` shards of `<key>.jpg|png`, `<key>.cls` (the label as decimal text)
 //! and `<key>.json` (the sample's provenance, [`SampleSource`]: its source path, sha256, size,
 //! Exif orientation, GPS and capture time, which `--resize` would otherwise lose), the layout
-//! Python's `webdataset` reads, plus `OUT/shards.json`: classes, samples per split
-//! and class, and each shard's size and sha256. Samples are shuffled across shards (a streaming
-//! reader's shuffle buffer then sees every class), and keys are `<split>-<index>` with the index
-//! of the sample in the source tree's order, so [`ShardSet`] can restore that order and a shard
-//! set reads exactly like the tree it came from.
+//! Python's `webdataset` reads, plus `OUT/shards.json` ([`ShardManifest`]): classes, samples
+//! per split and class, and each shard's size and sha256. Keys are `<split>-<index>` with the
+//! index of the sample in the source tree's order, so [`ShardSet`] restores that order and a
+//! shard set reads exactly like the tree it came from.
 //!
 //! [`ShardSet`] indexes a split from the tar headers — (shard, offset, length) per sample — and
 //! reads samples from memory-mapped shards: random access, so an epoch's order is a seeded
@@ -19,24 +18,16 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fs::{self, File};
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
-use rand::seq::SliceRandom;
-use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::dataset::DataError;
 use super::dataset::Dataset;
-use super::decode::{decode_request, reduced_len, DecodeOptions, Request, MAX_IMAGE_FILE_BYTES};
-use super::encode::{encode_jpeg, Subsampling};
-use super::folder::ImageFolder;
-use super::ingest::atomic_dir::{self, AtomicDirError};
 use super::photo::{self, PhotoTags};
-use super::transforms::{largest_reduction, resize_rgb, Crop};
-use crate::util::files::read_regular;
 
 /// The shard manifest's file name, in a shard directory.
 pub const SHARDS_JSON: &str = "shards.json";
@@ -142,68 +133,20 @@ pub enum ShardError {
     NotShards { path: PathBuf, format: String },
     #[error("{}: the manifest has no split {split:?} (it has {available:?})", dir.display())]
     NoSplit { dir: PathBuf, split: String, available: Vec<String> },
-    #[error("split {split:?} of {} has classes {found:?}, but earlier splits have {expected:?}", src.display())]
-    ClassMismatch { src: PathBuf, split: String, found: Vec<String>, expected: Vec<String> },
     #[error("{}: {problem}", shard.display())]
     BadShard { shard: PathBuf, problem: String },
     #[error("{}: shard name {name:?} is not a plain file name", path.display())]
     BadName { path: PathBuf, name: String },
-    #[error("invalid prepare option: {0}")]
-    Options(String),
     #[error("copying {} to {}: sha256 {actual}, but the manifest says {expected}", src.display(), dest.display())]
     CopyMismatch { src: PathBuf, dest: PathBuf, expected: String, actual: String },
     #[error("{}: sha256 {found}, but it was recorded as {recorded} when the data were prepared: the shard changed since (run rtrain data verify; prepare or stage the data again)", shard.display())]
     Changed { shard: PathBuf, found: String, recorded: String },
     #[error(transparent)]
     Data(#[from] DataError),
-    #[error(transparent)]
-    Output(#[from] AtomicDirError),
-    #[error("re-encoding {}: {source}", path.display())]
-    Decode { path: PathBuf, source: crate::data::decode::DecodeError },
-    #[error("re-encoding {}: {source}", path.display())]
-    Encode { path: PathBuf, source: crate::data::encode::EncodeError },
-}
-
-/// How `rtrain data prepare` writes shards.
-#[derive(Debug, Clone)]
-pub struct PrepareOptions {
-    /// The splits to convert (subdirectories of SRC), e.g. train and val.
-    pub splits: Vec<String>,
-    /// A shard is closed before it would grow past this many bytes (at least one sample each).
-    pub shard_bytes: u64,
-    /// Re-encode images as JPEG with this short side (never enlarging), so training decodes
-    /// small images; None stores the files as they are.
-    pub resize: Option<u32>,
-    /// JPEG quality when re-encoding.
-    pub quality: u8,
-    /// Seeds the order of samples across shards.
-    pub seed: u64,
-    /// When re-encoding, turn photos upright by their Exif orientation first (the re-encoded
-    /// file carries no tag); false keeps the pixels as stored.
-    pub exif_orientation: bool,
-}
-
-impl Default for PrepareOptions {
-    fn default() -> Self {
-        PrepareOptions {
-            splits: vec!["train".into(), "val".into()],
-            shard_bytes: 256 << 20,
-            resize: None,
-            quality: 90,
-            seed: 0,
-            exif_orientation: true,
-        }
-    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ShardError + '_ {
     move |source| ShardError::Io { path: path.to_path_buf(), source }
-}
-
-/// A sample's key: its split and its index in the source tree's order (no dots: WebDataset
-/// splits a file name into key and extension at the first dot).
-fn sample_key(split: &str, index: usize) -> String {
-    format!("{split}-{index:09}")
 }
 
 /// `<key>.json` beside each sample: where it came from, as the source file says (not the
@@ -236,165 +179,8 @@ impl SampleSource {
     }
 }
 
-/// One sample's stored bytes and extension: the source file's `bytes` themselves, or a JPEG
-/// re-encoded to `resize`.
-fn sample_bytes(
-    path: &Path,
-    bytes: Vec<u8>,
-    options: &PrepareOptions,
-) -> Result<(Vec<u8>, &'static str), ShardError> {
-    let Some(short) = options.resize else {
-        // The stored extension follows the content, so a PNG named .jpg stays decodable by name.
-        let ext = match image::guess_format(&bytes) {
-            Ok(image::ImageFormat::Png) => "png",
-            _ => "jpg",
-        };
-        return Ok((bytes, ext));
-    };
-    // Decoded and resampled as training decodes and resamples (DCT-scaled as far as the new
-    // size allows, PIL's antialiased bilinear filter), so a prepared image is what training
-    // would have made of the original at that size.
-    let mut size = (0, 0);
-    let mut target = (0, 0);
-    // At the default pixel limit: preparing reads no training configuration.
-    let decode = DecodeOptions { exif_orientation: options.exif_orientation, ..DecodeOptions::default() };
-    let region = decode_request(&bytes, decode, |w, h| {
-        size = (w, h);
-        target = if w.min(h) > short {
-            let scale = f64::from(short) / f64::from(w.min(h));
-            (((f64::from(w) * scale).round() as u32).max(1), ((f64::from(h) * scale).round() as u32).max(1))
-        } else {
-            (w, h)
-        };
-        let ratio = (f64::from(w) / f64::from(target.0)).min(f64::from(h) / f64::from(target.1));
-        let reduction = largest_reduction(ratio);
-        let rect =
-            Crop { top: 0, left: 0, width: reduced_len(w, reduction), height: reduced_len(h, reduction) };
-        Some(Request { reduction, rect })
-    })
-    .map_err(|source| ShardError::Decode { path: path.to_path_buf(), source })?;
-    let resized = resize_rgb(&region.pixels, region.rect, size, region.reduction, target.0, target.1);
-    let bytes = encode_jpeg(resized.as_raw(), target.0, target.1, options.quality, Subsampling::Quarter, &[])
-        .map_err(|source| ShardError::Encode { path: path.to_path_buf(), source })?;
-    Ok((bytes, "jpg"))
-}
-
-/// Writes one tar member with fixed metadata (mode 0644, owner 0, mtime 0): shards of the same
-/// input are byte-identical.
-fn append(builder: &mut tar::Builder<BufWriter<File>>, name: &str, data: &[u8]) -> io::Result<()> {
-    let mut header = tar::Header::new_ustar();
-    header.set_size(data.len() as u64);
-    header.set_mode(0o644);
-    header.set_mtime(0);
-    header.set_uid(0);
-    header.set_gid(0);
-    builder.append_data(&mut header, name, data)
-}
-
-/// Size of a tar member: a 512-byte header plus the data padded to 512.
-fn member_bytes(len: usize) -> u64 {
-    512 + (len as u64).div_ceil(512) * 512
-}
-
-/// Converts the image tree at `src` into shards and a manifest at `out`, atomically: `out` appears
-/// complete or not at all. `out` must not exist (or be an empty directory).
-pub fn prepare(src: &Path, out: &Path, options: &PrepareOptions) -> Result<ShardManifest, ShardError> {
-    if options.resize == Some(0) {
-        return Err(ShardError::Options("--resize must be at least 1".into()));
-    }
-    // A split name becomes part of shard names and sample keys, which WebDataset splits at the
-    // first dot.
-    if let Some(bad) = options.splits.iter().find(|s| s.is_empty() || s.contains(['.', '/', '\\'])) {
-        return Err(ShardError::Options(format!("split name {bad:?} must be non-empty, without '.' or '/'")));
-    }
-    atomic_dir::ensure_free(out)?;
-    let staging = atomic_dir::staging_dir(out, ".shards-")?;
-    let mut manifest = ShardManifest {
-        format: FORMAT.into(),
-        version: 1,
-        classes: Vec::new(),
-        resize: options.resize,
-        splits: BTreeMap::new(),
-    };
-    for split in &options.splits {
-        let folder = ImageFolder::open(&src.join(split))?;
-        if manifest.classes.is_empty() {
-            manifest.classes = folder.classes.clone();
-        } else if manifest.classes != folder.classes {
-            return Err(ShardError::ClassMismatch {
-                src: src.to_path_buf(),
-                split: split.clone(),
-                found: folder.classes.clone(),
-                expected: manifest.classes.clone(),
-            });
-        }
-        let mut order: Vec<usize> = (0..folder.samples.len()).collect();
-        order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(options.seed));
-        let mut per_class = vec![0usize; folder.classes.len()];
-        let mut shards = Vec::new();
-        let mut writer: Option<(tar::Builder<BufWriter<File>>, PathBuf, u64, usize)> = None;
-        for index in order {
-            let (path, label) = &folder.samples[index];
-            per_class[*label] += 1;
-            let original = read_regular(path, MAX_IMAGE_FILE_BYTES).map_err(io_err(path))?;
-            let source = SampleSource::of(path.strip_prefix(src).unwrap_or(path), &original);
-            let source = serde_json::to_vec(&source).expect("a sample's source serialises");
-            let (bytes, ext) = sample_bytes(path, original, options)?;
-            let label_text = label.to_string();
-            let size =
-                member_bytes(bytes.len()) + member_bytes(label_text.len()) + member_bytes(source.len());
-            // Close the current shard when this sample would overfill it (tar's 1 KiB end marker
-            // included), unless it is still empty.
-            if let Some((_, _, written, samples)) = &writer {
-                if *samples > 0 && written + size + 1024 > options.shard_bytes {
-                    let (builder, shard_path, _, samples) = writer.take().expect("checked above");
-                    shards.push(finish_shard(builder, &shard_path, samples)?);
-                }
-            }
-            if writer.is_none() {
-                let shard_path = staging.path().join(format!("{split}-{:06}.tar", shards.len()));
-                let file = File::create(&shard_path).map_err(io_err(&shard_path))?;
-                writer = Some((tar::Builder::new(BufWriter::new(file)), shard_path, 0, 0));
-            }
-            let (builder, shard_path, written, samples) = writer.as_mut().expect("just created");
-            let key = sample_key(split, index);
-            append(builder, &format!("{key}.{ext}"), &bytes).map_err(io_err(shard_path))?;
-            append(builder, &format!("{key}.cls"), label_text.as_bytes()).map_err(io_err(shard_path))?;
-            append(builder, &format!("{key}.json"), &source).map_err(io_err(shard_path))?;
-            *written += size;
-            *samples += 1;
-        }
-        if let Some((builder, shard_path, _, samples)) = writer.take() {
-            shards.push(finish_shard(builder, &shard_path, samples)?);
-        }
-        manifest
-            .splits
-            .insert(split.clone(), SplitShards { samples: folder.samples.len(), per_class, shards });
-    }
-    let manifest_path = staging.path().join(SHARDS_JSON);
-    let text = serde_json::to_vec_pretty(&manifest).expect("the manifest serialises");
-    let mut file = File::create(&manifest_path).map_err(io_err(&manifest_path))?;
-    file.write_all(&text).and_then(|()| file.sync_all()).map_err(io_err(&manifest_path))?;
-    atomic_dir::publish(staging, out)?;
-    Ok(manifest)
-}
-
-/// Ends a shard's tar stream, syncs it and describes it for the manifest.
-fn finish_shard(
-    builder: tar::Builder<BufWriter<File>>,
-    path: &Path,
-    samples: usize,
-) -> Result<ShardInfo, ShardError> {
-    let file =
-        builder.into_inner().map_err(io_err(path))?.into_inner().map_err(|e| io_err(path)(e.into_error()))?;
-    file.sync_all().map_err(io_err(path))?;
-    let (sha256, bytes) = hash_file(path)?;
-    let name = path.file_name().expect("a shard path has a name").to_string_lossy().into_owned();
-    Ok(ShardInfo { name, bytes, sha256, samples })
-}
-
 /// sha256 (hex) and length of a file, read in 1 MiB blocks.
-fn hash_file(path: &Path) -> Result<(String, u64), ShardError> {
+pub fn hash_file(path: &Path) -> Result<(String, u64), ShardError> {
     let mut file = File::open(path).map_err(io_err(path))?;
     copy_hashing(&mut file, &mut io::sink()).map_err(io_err(path))
 }
@@ -754,6 +540,9 @@ impl Dataset for ShardSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::folder::ImageFolder;
+    use crate::ingest::shard_writer::{prepare, PrepareError, PrepareOptions};
+    use crate::util::atomic_dir::AtomicDirError;
     use image::RgbImage;
 
     /// SRC/{train,val}/{a,b,c}/: PNGs and JPEGs of different sizes and colours.
@@ -901,9 +690,9 @@ mod tests {
 
     #[test]
     fn resize_turns_sideways_photos_upright_unless_told_not_to() {
-        use crate::data::ingest::photos::KINDS;
-        use crate::data::ingest::synth::photo;
         use crate::data::orientation::Orientation;
+        use crate::ingest::photos::KINDS;
+        use crate::ingest::synth::photo;
         use rand::SeedableRng;
         let dir = tempfile::tempdir().unwrap();
         let kind = KINDS.iter().find(|k| k.orientation == Orientation::TurnedRight).unwrap();
@@ -936,14 +725,14 @@ mod tests {
             assert_eq!(image.width().min(image.height()), 20, "sample {index}");
         }
         let err = prepare(&dir.path().join("src"), &out, &options).unwrap_err();
-        assert!(matches!(err, ShardError::Output(AtomicDirError::OutputExists { .. })), "{err}");
+        assert!(matches!(err, PrepareError::Output(AtomicDirError::OutputExists { .. })), "{err}");
         for bad in [
             PrepareOptions { resize: Some(0), ..PrepareOptions::default() },
             PrepareOptions { splits: vec!["train".into(), "val.small".into()], ..PrepareOptions::default() },
             PrepareOptions { splits: vec!["a/b".into()], ..PrepareOptions::default() },
         ] {
             let err = prepare(&dir.path().join("src"), &dir.path().join("other"), &bad).unwrap_err();
-            assert!(matches!(err, ShardError::Options(_)), "{err}");
+            assert!(matches!(err, PrepareError::Options(_)), "{err}");
         }
         assert!(!dir.path().join("other").exists());
     }
@@ -974,38 +763,5 @@ mod tests {
         assert_ne!(a, b);
         assert!(a.file_name().unwrap().to_string_lossy().starts_with("shards-"));
         assert_eq!(a, staged_root(&dir.path().join("a/../a/shards"), stage_dir), "same set, same copy");
-    }
-
-    #[test]
-    fn a_sample_without_its_label_names_the_shard_and_key() {
-        let dir = tempfile::tempdir().unwrap();
-        let shard = dir.path().join("train-000000.tar");
-        let mut builder = tar::Builder::new(BufWriter::new(File::create(&shard).unwrap()));
-        let mut png = Vec::new();
-        RgbImage::new(4, 4).write_to(&mut io::Cursor::new(&mut png), image::ImageFormat::Png).unwrap();
-        append(&mut builder, "train-000000000.png", &png).unwrap();
-        append(&mut builder, "train-000000000.cls", b"0").unwrap();
-        append(&mut builder, "train-000000001.png", &png).unwrap();
-        builder.into_inner().unwrap().flush().unwrap();
-        let (sha256, bytes) = hash_file(&shard).unwrap();
-        let manifest = ShardManifest {
-            format: FORMAT.into(),
-            version: 1,
-            classes: vec!["x".into()],
-            resize: None,
-            splits: BTreeMap::from([(
-                "train".to_string(),
-                SplitShards {
-                    samples: 2,
-                    per_class: vec![2],
-                    shards: vec![ShardInfo { name: "train-000000.tar".into(), bytes, sha256, samples: 2 }],
-                },
-            )]),
-        };
-        fs::write(dir.path().join(SHARDS_JSON), serde_json::to_vec(&manifest).unwrap()).unwrap();
-        let err = ShardSet::open(dir.path(), "train").err().unwrap().to_string();
-        assert!(err.contains("train-000000.tar") && err.contains("train-000000001"), "{err}");
-        let err = ShardSet::open(dir.path(), "val").err().unwrap().to_string();
-        assert!(err.contains("no split \"val\""), "{err}");
     }
 }

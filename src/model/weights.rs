@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
-use crate::data::ingest::fetch::{self, FetchError, FetchOptions};
 use crate::model::Arch;
+use crate::util::fetch::{self, FetchError, FetchOptions};
 use crate::util::files::{self, FileError};
 
 /// Where torchvision publishes its weights; `model.weights_url` replaces it (a mirror, or a

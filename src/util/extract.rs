@@ -34,6 +34,7 @@ use flate2::read::MultiGzDecoder;
 use tar::EntryType;
 
 use super::atomic_dir::{self, AtomicDirError};
+use super::io_error::IoError;
 
 /// Caps that keep a hostile or mistaken archive from exhausting the disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,13 +129,9 @@ pub enum ExtractError {
     BadDestination { path: PathBuf },
     #[error(transparent)]
     Output(#[from] AtomicDirError),
-    #[error("{}: cannot {action}", path.display())]
-    Io {
-        path: PathBuf,
-        action: &'static str,
-        #[source]
-        source: io::Error,
-    },
+    /// A filesystem operation failed.
+    #[error(transparent)]
+    Io(#[from] IoError),
 }
 
 /// Extracts `archive` (tar or gzip-compressed tar, told apart by content) into `dest`, which
@@ -160,21 +157,16 @@ pub fn extract(archive: &Path, dest: &Path, limits: &ExtractLimits) -> Result<Ex
 
     // One filesystem-wide flush instead of an fsync per file: datasets hold millions of small
     // files. It must precede the rename, or a crash could publish a tree of empty files.
-    sync_filesystem(staging.path()).map_err(|source| ExtractError::Io {
-        path: staging.path().to_path_buf(),
-        action: "flush the extracted files to disk",
-        source,
-    })?;
+    sync_filesystem(staging.path())
+        .map_err(IoError::at(staging.path(), "flush the extracted files to disk"))?;
     atomic_dir::publish(staging, dest)?;
     let parent = match dest.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
     };
-    File::open(parent).and_then(|dir| dir.sync_all()).map_err(|source| ExtractError::Io {
-        path: parent.to_path_buf(),
-        action: "flush directory to disk",
-        source,
-    })?;
+    File::open(parent)
+        .and_then(|dir| dir.sync_all())
+        .map_err(IoError::at(parent, "flush directory to disk"))?;
     tracing::info!(
         archive = %archive.display(),
         dest = %dest.display(),
@@ -194,7 +186,7 @@ enum Format {
 /// Opens `archive` as a stream of tar blocks, decompressing gzip, or as a zip file; other
 /// compressions are named and refused rather than failing later as a corrupt tar.
 fn open_archive(archive: &Path) -> Result<Format, ExtractError> {
-    let io_error = |action, source| ExtractError::Io { path: archive.to_path_buf(), action, source };
+    let io_error = |action, source| IoError::at(archive, action)(source);
     let mut file = File::open(archive).map_err(|source| io_error("open", source))?;
     let mut magic = [0u8; 6];
     let len = read_up_to(&mut file, &mut magic).map_err(|source| io_error("read", source))?;
@@ -563,7 +555,7 @@ impl<'a> Unpacker<'a> {
     }
 
     fn io_error(path: PathBuf, action: &'static str, source: io::Error) -> ExtractError {
-        ExtractError::Io { path, action, source }
+        IoError { path, action, source }.into()
     }
 
     fn write_file(

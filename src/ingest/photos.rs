@@ -185,7 +185,7 @@ fn enlarge(scene: &image::RgbImage, width: u32, height: u32, rng: &mut ChaCha8Rn
 mod tests {
     use super::*;
     use crate::data::decode::{decode_whole, DecodeOptions};
-    use crate::data::ingest::synth::photo;
+    use crate::ingest::synth::photo;
 
     #[test]
     fn the_mix_adds_up_and_every_kind_is_picked() {

@@ -4,19 +4,21 @@
 //!
 //! This module owns IDX parsing and validation (magic numbers, sizes, label ranges), the
 //! decompression of `.gz` files, and the writing of one split (`OUT/<split>/<class>/…`), which
-//! [`super::atomic_dir`] publishes atomically. The crate has no gzip dependency, so `.gz` files
+//! [`crate::util::atomic_dir`] publishes atomically. The crate has no gzip dependency, so `.gz` files
 //! are decompressed by running the system's `gzip -dc`, which every Linux image we ship on has.
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use image::codecs::png::PngEncoder;
 use image::{ExtendedColorType, ImageEncoder};
 
-use super::atomic_dir::{self, AtomicDirError};
+use crate::util::atomic_dir::{self, AtomicDirError};
+use crate::util::io_error::IoError;
+
+use super::pool::{self, Stopped};
 
 /// Fashion-MNIST's ten classes as folder names; the numeric prefix keeps alphabetical order
 /// equal to label order.
@@ -62,14 +64,9 @@ impl IdxImages {
 /// Why IDX data could not be read or imported.
 #[derive(Debug, thiserror::Error)]
 pub enum IdxError {
-    /// A filesystem operation on `path` failed.
-    #[error("{}: cannot {action}", path.display())]
-    Io {
-        path: PathBuf,
-        action: &'static str,
-        #[source]
-        source: io::Error,
-    },
+    /// A filesystem operation failed.
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// `gzip` could not be started at all.
     #[error("{}: cannot run `gzip -dc` to decompress it (is gzip installed?)", path.display())]
     GzipSpawn {
@@ -250,11 +247,7 @@ pub fn import(
     let tmp = atomic_dir::staging_dir(&dest, ".idx-")?;
     for name in &names {
         let dir = tmp.path().join(name);
-        fs::create_dir(&dir).map_err(|source| IdxError::Io {
-            path: dir.clone(),
-            action: "create directory",
-            source,
-        })?;
+        fs::create_dir(&dir).map_err(IoError::at(&dir, "create directory"))?;
     }
     write_pngs(tmp.path(), &imgs, &labs[..n], &names)?;
     atomic_dir::publish(tmp, &dest)?;
@@ -293,15 +286,11 @@ fn check_magic(path: &Path, data: &[u8], expected: u32, what: &str) -> Result<()
 fn read_maybe_gzip(path: &Path) -> Result<Vec<u8>, IdxError> {
     let gz = path.file_name().is_some_and(|n| n.to_string_lossy().ends_with(".gz"));
     if !gz {
-        return fs::read(path).map_err(|source| IdxError::Io {
-            path: path.to_path_buf(),
-            action: "read",
-            source,
-        });
+        return Ok(fs::read(path).map_err(IoError::at(path, "read"))?);
     }
     // gzip's own message for a missing file is fine, but checking first gives the usual
     // io::ErrorKind to callers that match on it.
-    fs::metadata(path).map_err(|source| IdxError::Io { path: path.to_path_buf(), action: "read", source })?;
+    fs::metadata(path).map_err(IoError::at(path, "read"))?;
     let output = Command::new("gzip")
         .arg("-dc")
         .arg("--")
@@ -371,7 +360,7 @@ fn write_one(root: &Path, imgs: &IdxImages, index: usize, class: &str) -> Result
     PngEncoder::new(&mut bytes)
         .write_image(pixels, w, h, ExtendedColorType::L8)
         .map_err(|source| IdxError::Encode { path: path.clone(), source })?;
-    fs::write(&path, &bytes).map_err(|source| IdxError::Io { path, action: "write", source })
+    Ok(fs::write(&path, &bytes).map_err(IoError::at(&path, "write"))?)
 }
 
 fn too_big(path: &Path, imgs: &IdxImages) -> IdxError {
@@ -384,53 +373,16 @@ fn too_big(path: &Path, imgs: &IdxImages) -> IdxError {
 /// Writes item i of `labels` on a few threads; each file depends only on its own item, so the
 /// result does not depend on the threading.
 fn write_pngs(root: &Path, imgs: &IdxImages, labels: &[u8], names: &[String]) -> Result<(), IdxError> {
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2)
-        .clamp(2, 4)
-        .min(labels.len().max(1));
-    let failed = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        let mut handles = Vec::with_capacity(threads);
-        let mut first_error = None;
-        for t in 0..threads {
-            let failed = &failed;
-            let spawned = std::thread::Builder::new().name(format!("idx-png-{t}")).spawn_scoped(
-                scope,
-                move || -> Result<(), IdxError> {
-                    for (index, &label) in labels.iter().enumerate().skip(t).step_by(threads) {
-                        // Another worker failed: the temporary tree will be discarded anyway.
-                        if failed.load(Ordering::Relaxed) {
-                            break;
-                        }
-                        let class = names
-                            .get(usize::from(label))
-                            .ok_or_else(|| IdxError::ClassNames(format!("no class for label {label}")));
-                        let result = class.and_then(|c| write_one(root, imgs, index, c));
-                        if let Err(err) = result {
-                            failed.store(true, Ordering::Relaxed);
-                            return Err(err);
-                        }
-                    }
-                    Ok(())
-                },
-            );
-            match spawned {
-                Ok(handle) => handles.push(handle),
-                Err(err) => {
-                    failed.store(true, Ordering::Relaxed);
-                    first_error = Some(IdxError::Thread(err));
-                    break;
-                }
-            }
-        }
-        for handle in handles {
-            let result = handle.join().unwrap_or(Err(IdxError::WorkerPanicked));
-            if let (Err(err), None) = (result, &first_error) {
-                first_error = Some(err);
-            }
-        }
-        first_error.map_or(Ok(()), Err)
+    let written = pool::for_each("idx-png", labels, |index, &label| {
+        let class = names
+            .get(usize::from(label))
+            .ok_or_else(|| IdxError::ClassNames(format!("no class for label {label}")))?;
+        write_one(root, imgs, index, class)
+    });
+    written.map_err(|stopped| match stopped {
+        Stopped::Failed(err) => err,
+        Stopped::Spawn(err) => IdxError::Thread(err),
+        Stopped::Panicked => IdxError::WorkerPanicked,
     })
 }
 

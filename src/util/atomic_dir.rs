@@ -17,20 +17,17 @@ use std::path::{Path, PathBuf};
 
 use tempfile::TempDir;
 
+use super::io_error::IoError;
+
 /// Why a directory could not be staged or published.
 #[derive(Debug, thiserror::Error)]
 pub enum AtomicDirError {
     /// The destination is there already, holding something we must not overwrite.
     #[error("{}: already exists and is not an empty directory; refusing to overwrite it", path.display())]
     OutputExists { path: PathBuf },
-    /// A filesystem operation on `path` failed.
-    #[error("{}: cannot {action}", path.display())]
-    Io {
-        path: PathBuf,
-        action: &'static str,
-        #[source]
-        source: io::Error,
-    },
+    /// A filesystem operation failed.
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// Moving the finished staging directory onto the destination failed.
     #[error("cannot rename {} to {}", from.display(), to.display())]
     Rename {
@@ -49,16 +46,9 @@ pub enum AtomicDirError {
 /// exists.
 pub fn staging_dir(dest: &Path, prefix: &str) -> Result<TempDir, AtomicDirError> {
     let parent = parent_of(dest);
-    fs::create_dir_all(parent).map_err(|source| AtomicDirError::Io {
-        path: parent.to_path_buf(),
-        action: "create directory",
-        source,
-    })?;
-    tempfile::Builder::new().prefix(prefix).tempdir_in(parent).map_err(|source| AtomicDirError::Io {
-        path: parent.to_path_buf(),
-        action: "create a temporary directory in",
-        source,
-    })
+    fs::create_dir_all(parent).map_err(IoError::at(parent, "create directory"))?;
+    let staging = tempfile::Builder::new().prefix(prefix).tempdir_in(parent);
+    Ok(staging.map_err(IoError::at(parent, "create a temporary directory in"))?)
 }
 
 /// OK when `dest` is absent or an empty directory, the two states [`publish`] may replace.
@@ -68,15 +58,9 @@ pub fn staging_dir(dest: &Path, prefix: &str) -> Result<TempDir, AtomicDirError>
 pub fn ensure_free(dest: &Path) -> Result<(), AtomicDirError> {
     match fs::symlink_metadata(dest) {
         Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(source) => {
-            Err(AtomicDirError::Io { path: dest.to_path_buf(), action: "inspect the output path", source })
-        }
+        Err(source) => Err(IoError::at(dest, "inspect the output path")(source).into()),
         Ok(meta) if meta.is_dir() => {
-            let mut entries = fs::read_dir(dest).map_err(|source| AtomicDirError::Io {
-                path: dest.to_path_buf(),
-                action: "list the output directory",
-                source,
-            })?;
+            let mut entries = fs::read_dir(dest).map_err(IoError::at(dest, "list the output directory"))?;
             if entries.next().is_some() {
                 Err(AtomicDirError::OutputExists { path: dest.to_path_buf() })
             } else {
@@ -99,19 +83,14 @@ pub fn publish(tmp: TempDir, dest: &Path) -> Result<(), AtomicDirError> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).map_err(|source| {
-            AtomicDirError::Io { path: tmp.path().to_path_buf(), action: "set permissions on", source }
-        })?;
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755))
+            .map_err(IoError::at(tmp.path(), "set permissions on"))?;
     }
     // Checked again because building the tree takes a while and someone may have written there
     // since.
     ensure_free(dest)?;
     if dest.is_dir() {
-        fs::remove_dir(dest).map_err(|source| AtomicDirError::Io {
-            path: dest.to_path_buf(),
-            action: "remove the empty output directory",
-            source,
-        })?;
+        fs::remove_dir(dest).map_err(IoError::at(dest, "remove the empty output directory"))?;
     }
     fs::rename(tmp.path(), dest).map_err(|source| AtomicDirError::Rename {
         from: tmp.path().to_path_buf(),

@@ -27,6 +27,8 @@ use reqwest::header::{CONTENT_RANGE, RANGE, RETRY_AFTER};
 use reqwest::{StatusCode, Url};
 use sha2::{Digest, Sha256};
 
+use super::io_error::IoError;
+
 /// How [`fetch`] downloads and checks one file.
 #[derive(Debug, Clone)]
 pub struct FetchOptions {
@@ -187,13 +189,9 @@ pub enum FetchError {
         part.display()
     )]
     PartNotAFile { part: PathBuf, what: &'static str },
-    #[error("{}: cannot {action}", path.display())]
-    Io {
-        path: PathBuf,
-        action: &'static str,
-        #[source]
-        source: io::Error,
-    },
+    /// A filesystem operation failed.
+    #[error(transparent)]
+    Io(#[from] IoError),
 }
 
 /// Downloads `url` to `out`, verifying it against `options.sha256`; see the module docs.
@@ -210,11 +208,7 @@ pub fn fetch(url: &str, out: &Path, options: &FetchOptions) -> Result<Fetched, F
         return Ok(Fetched { path: out.to_path_buf(), bytes, resumed_from: bytes, attempts: 0 });
     }
     let dir = parent_dir(out);
-    fs::create_dir_all(dir).map_err(|source| FetchError::Io {
-        path: dir.to_path_buf(),
-        action: "create directory",
-        source,
-    })?;
+    fs::create_dir_all(dir).map_err(IoError::at(dir, "create directory"))?;
 
     let client = build_client(&parsed, options)?;
     let mut download = Download {
@@ -335,24 +329,14 @@ fn verify_existing(out: &Path, expected: &str) -> Result<Option<u64>, FetchError
     let mut file = match File::open(out) {
         Ok(file) => file,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(FetchError::Io {
-                path: out.to_path_buf(),
-                action: "open the existing output",
-                source,
-            })
-        }
+        Err(source) => return Err(IoError::at(out, "open the existing output")(source).into()),
     };
     let is_file = file.metadata().map(|meta| meta.is_file()).unwrap_or(false);
     if !is_file {
         return Err(FetchError::OutputNotAFile { path: out.to_path_buf() });
     }
     let mut hasher = Sha256::new();
-    let bytes = hash_into(&mut file, &mut hasher).map_err(|source| FetchError::Io {
-        path: out.to_path_buf(),
-        action: "read the existing output",
-        source,
-    })?;
+    let bytes = hash_into(&mut file, &mut hasher).map_err(IoError::at(out, "read the existing output"))?;
     let actual = hex::encode(hasher.finalize());
     if actual.starts_with(expected) {
         Ok(Some(bytes))
@@ -710,7 +694,7 @@ impl PartFile {
     }
 
     fn io_error(&self, action: &'static str, source: io::Error) -> FetchError {
-        FetchError::Io { path: self.path.clone(), action, source }
+        IoError::at(&self.path, action)(source).into()
     }
 
     /// The bytes the part holds. Anything but a regular file under the name is refused: a
@@ -801,18 +785,12 @@ impl PartFile {
         File::open(&self.path)
             .and_then(|file| file.sync_all())
             .map_err(|source| self.io_error("flush to disk", source))?;
-        fs::rename(&self.path, out).map_err(|source| FetchError::Io {
-            path: out.to_path_buf(),
-            action: "move the verified download into place at",
-            source,
-        })?;
+        fs::rename(&self.path, out).map_err(IoError::at(out, "move the verified download into place at"))?;
         // The rename itself is only durable once the directory entry is.
         let dir = parent_dir(out);
-        File::open(dir).and_then(|dir| dir.sync_all()).map_err(|source| FetchError::Io {
-            path: dir.to_path_buf(),
-            action: "flush directory to disk",
-            source,
-        })?;
+        File::open(dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(IoError::at(dir, "flush directory to disk"))?;
         Ok(len)
     }
 }
