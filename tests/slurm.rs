@@ -270,7 +270,7 @@ fn summary(run: &Path) -> Value {
 /// 0's "stopped at global step N ..., checkpoint PATH; ..." or, when slurmd killed the tasks
 /// (KillWait: 5 s here) before the step in flight and the stop's own checkpoint were done,
 /// the last completed step saved at once ("saved the last completed step (global step N) to
-/// PATH at once"): the checkpoint the stop guarantees.
+/// PATH at once"): the checkpoint the stop guarantees, unless a newer one replaced it.
 fn stops(log: &str) -> Vec<u64> {
     let checkpoint_of = |line: &str| -> Option<(u64, String)> {
         let (after, path) = if line.contains("stopped at global step") && line.contains(", checkpoint ") {
@@ -302,12 +302,30 @@ fn stops(log: &str) -> Vec<u64> {
     }
     let mut steps = Vec::new();
     for (step, path) in per_start.into_iter().flatten() {
-        let meta = rtrain::run_dir::checkpoint::read_meta(Path::new(&path))
-            .unwrap_or_else(|e| panic!("{path}: {e:#}\n{log}"));
-        assert_eq!(meta.global_step, step, "{path}");
-        steps.push(step);
+        let path = Path::new(&path);
+        if path.exists() {
+            let meta = rtrain::run_dir::checkpoint::read_meta(path)
+                .unwrap_or_else(|e| panic!("{}: {e:#}\n{log}", path.display()));
+            assert_eq!(meta.global_step, step, "{}", path.display());
+            steps.push(step);
+        } else if let Some(newer) = superseding_checkpoint(path, step) {
+            // The stop's own checkpoint deleted the rescued one, and its line is not (yet) in
+            // the log: the stop is at that checkpoint's step.
+            steps.push(newer);
+        }
     }
     steps
+}
+
+/// The step of the oldest valid checkpoint beside `rescued` that is newer than its `step`:
+/// the one that replaced it.
+fn superseding_checkpoint(rescued: &Path, step: u64) -> Option<u64> {
+    std::fs::read_dir(rescued.parent()?)
+        .ok()?
+        .filter_map(|entry| rtrain::run_dir::checkpoint::read_meta(&entry.ok()?.path()).ok())
+        .map(|meta| meta.global_step)
+        .filter(|&newer| newer > step)
+        .min()
 }
 
 /// The global step of the run's newest logged training step.
