@@ -259,8 +259,30 @@ fn only_rank_zero_writes_and_replicas_agree() {
     assert_eq!(digests.len(), 2, "one digest per rank in:\n{stderr}");
     assert_ne!(digests[0].0, digests[1].0, "both digests came from one rank");
     assert_eq!(digests[0].1, digests[1].1, "ranks ended with different weights");
-    // And the file rank 0 saved is that model (the digest covers the same tensors).
-    assert_eq!(summary(&run)["world_size"], 2);
+    // And the file rank 0 saved is that model: its tensors give the logged digest, and its
+    // bytes the sha256 the summary records.
+    let saved = run.join("model.safetensors");
+    assert_eq!(tensor_digest(&weights(&run)), digests[0].1, "{} is not the logged model", saved.display());
+    let bytes = std::fs::read(&saved).unwrap();
+    let summary = summary(&run);
+    assert_eq!(summary["weights_sha256"], hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes)));
+    assert_eq!(summary["world_size"], 2);
+}
+
+/// The digest the ranks log (`rtrain::train::weights_digest`), computed here from a saved
+/// state dict: sha256 over each tensor's name and f32 values in name order, leaving out the
+/// `num_batches_tracked` counters the file adds for torchvision.
+fn tensor_digest(tensors: &std::collections::BTreeMap<String, Tensor>) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for (name, tensor) in tensors.iter().filter(|(name, _)| !name.ends_with(".num_batches_tracked")) {
+        hasher.update(name.as_bytes());
+        let values: Vec<f32> = Vec::try_from(tensor.to_kind(tch::Kind::Float).contiguous().view(-1)).unwrap();
+        for value in values {
+            hasher.update(value.to_le_bytes());
+        }
+    }
+    hex::encode(hasher.finalize())
 }
 
 /// A rank that fails (here: a configuration only rank 1 gets wrong) ends the whole job promptly

@@ -1,7 +1,8 @@
 //! `rtrain explain` against the `grad-cam` package (pytorch-grad-cam): the same torchvision
 //! model (rtrain's checkpoint as `rtrain export` writes it, with the tutorial's MLP head), the
-//! same preprocessed input (the `input` explain stores beside each map) and the same class
-//! give the same map before upsampling, within 1e-4 once both are normalised to [0, 1];
+//! same photo (preprocessed by torchvision there, and equal to the `input` explain stores
+//! beside each map) and the same class (given, or torchvision's prediction) give the same map
+//! before upsampling, within 1e-4 once both are normalised to [0, 1];
 //! tests/reference/gradcam_reference.py runs the package.
 
 mod common;
@@ -87,21 +88,35 @@ fn matches_pytorch_grad_cam(arch: Arch, head_hidden: &[usize], layer: &str, clas
     common::rtrain(dir.path()).args(["export", "--checkpoint"]).arg(&ckpt).arg(&weights).assert().success();
     let theirs_path = dir.path().join("theirs.safetensors");
     let hidden = head_hidden.iter().map(|w| w.to_string()).collect::<Vec<_>>().join(",");
+    // The class by index, or the one torchvision's model predicts.
+    let class_arg =
+        class.map_or("predicted".to_string(), |c| CLASSES.iter().position(|k| *k == c).unwrap().to_string());
+    // Each row's photo, found by its file name.
+    let photo_of = |row: &csv::StringRecord| -> &PathBuf {
+        images.iter().find(|p| row[0].ends_with(p.file_name().unwrap().to_str().unwrap())).unwrap()
+    };
     let mut args: Vec<&std::ffi::OsStr> = vec![
         arch.name().as_ref(),
         "3".as_ref(),
         weights.as_os_str(),
         hidden.as_ref(),
         layer.as_ref(),
+        // data.image_size, and the default data.eval_resize: 256/224 of it.
+        "224".as_ref(),
+        "256".as_ref(),
+        class_arg.as_ref(),
         theirs_path.as_os_str(),
     ];
-    args.extend(maps.iter().map(|m| m.as_os_str()));
+    args.extend(rows.iter().map(|row| photo_of(row).as_os_str()));
     common::run_python("gradcam_reference.py", &args);
     let theirs = read_safetensors(&theirs_path).unwrap().tensors;
 
     let side = 224 >> (layer.as_bytes()[5] - b'0' + 1);
     for (i, (row, map)) in rows.iter().zip(&maps).enumerate() {
         let ours = read_safetensors(map).unwrap();
+        let input_diff =
+            (&ours.tensors["input"] - &theirs[&format!("input_{i}")]).abs().max().double_value(&[]);
+        assert!(input_diff <= 1e-6, "{}: the input differs from torchvision's by {input_diff}", &row[0]);
         let cam = &ours.tensors["cam"];
         assert_eq!(cam.size(), vec![side, side], "{arch} {layer}: map of {}", &row[0]);
         let range = (cam.max() - cam.min()).double_value(&[]);
@@ -126,6 +141,8 @@ fn matches_pytorch_grad_cam(arch: Arch, head_hidden: &[usize], layer: &str, clas
         } else {
             assert_eq!(explained, predicted);
         }
+        let theirs_class = theirs[&format!("class_{i}")].int64_value(&[0]);
+        assert_eq!(explained as i64, theirs_class, "{}: the class explained", &row[0]);
 
         // The overlay: the photo as the model saw it, red where the map is hottest, blue where
         // it is coldest.

@@ -107,6 +107,10 @@ fn seed_groups_and_their_statistics_match_scipy() {
                 .find(|r| &r[0] == group && &r[1] == name)
                 .unwrap_or_else(|| panic!("no {group} {name}"));
             assert_eq!(&row[2], "3", "{row:?}");
+            // Runs of different seeds differ, so the comparisons below are of real spreads
+            // (equal runs would give sd 0 and NaN t statistics, which compare equal too).
+            let sd: f64 = row[4].parse().unwrap();
+            assert!(sd.is_finite() && sd > 0.0, "{group} {name}: sd {sd} over seeds 1-3: {row:?}");
             for (column, key) in [(3, "mean"), (4, "sd"), (5, "ci_low"), (6, "ci_high")] {
                 close(
                     row[column].parse().unwrap(),
@@ -117,6 +121,8 @@ fn seed_groups_and_their_statistics_match_scipy() {
         }
         let row = comparisons.iter().find(|r| &r[0] == name).unwrap();
         assert_eq!((&row[1], &row[2]), (a, b));
+        let t: f64 = row[8].parse().unwrap();
+        assert!(t.is_finite(), "{name}: Welch t {t}: {row:?}");
         for (column, key) in [(6, "ci_low"), (7, "ci_high"), (8, "t"), (9, "df"), (10, "p")] {
             close(row[column].parse().unwrap(), &scipy["pairs"][0][key], &format!("{name} Welch {key}"));
         }

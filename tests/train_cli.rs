@@ -98,6 +98,60 @@ fn fashion_mnist_subset_learns_in_fp32_and_bf16_alike() {
     }
 }
 
+/// `rtrain data import-idx` on Debian's Fashion-MNIST (the first 50 test images): each PNG
+/// holds its item's exact pixels in the folder of its label, read here from the IDX files
+/// with flate2 (the first item is an ankle boot, as every Fashion-MNIST tutorial shows).
+#[cfg(feature = "test-reference")]
+#[test]
+fn import_idx_writes_real_fashion_mnist_pixel_for_pixel() {
+    let gunzip = |file: &str| {
+        let mut bytes = Vec::new();
+        let path = common::fashion_mnist(file);
+        std::io::Read::read_to_end(
+            &mut flate2::read::GzDecoder::new(std::fs::File::open(&path).unwrap()),
+            &mut bytes,
+        )
+        .unwrap();
+        bytes
+    };
+    let (images, labels) = (gunzip("t10k-images-idx3-ubyte.gz"), gunzip("t10k-labels-idx1-ubyte.gz"));
+    let be32 = |bytes: &[u8], at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
+    assert_eq!((be32(&labels, 0), be32(&labels, 4)), (0x801, 10_000), "t10k labels header");
+    assert_eq!(
+        (be32(&images, 0), be32(&images, 4), be32(&images, 8), be32(&images, 12)),
+        (0x803, 10_000, 28, 28)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    common::rtrain(dir.path())
+        .args(["data", "import-idx"])
+        .arg(common::fashion_mnist("t10k-images-idx3-ubyte.gz"))
+        .arg(common::fashion_mnist("t10k-labels-idx1-ubyte.gz"))
+        .arg("out")
+        .args(["--split", "val", "--limit", "50"])
+        .assert()
+        .success();
+    let split = dir.path().join("out/val");
+    let mut folders: Vec<String> =
+        std::fs::read_dir(&split).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    folders.sort();
+    assert_eq!(folders.len(), 10, "{folders:?}");
+    assert_eq!(folders[usize::from(labels[8])], "9-ankle-boot", "the first item's folder");
+    let written: usize = folders.iter().map(|f| std::fs::read_dir(split.join(f)).unwrap().count()).sum();
+    assert_eq!(written, 50);
+    for item in 0..50 {
+        let label = usize::from(labels[8 + item]);
+        let png = split.join(&folders[label]).join(format!("{item:05}.png"));
+        let image = image::open(&png).unwrap_or_else(|e| panic!("{}: {e}", png.display())).to_luma8();
+        assert_eq!(image.dimensions(), (28, 28));
+        let expected = &images[16 + item * 784..16 + (item + 1) * 784];
+        assert!(
+            image.as_raw() == expected,
+            "{}: pixels differ from item {item} of the IDX file",
+            png.display()
+        );
+    }
+}
+
 #[test]
 fn resume_after_kill_is_bit_identical() {
     let dir = tempfile::tempdir().unwrap();
@@ -258,7 +312,19 @@ fn frozen_backbone_keeps_pretrained_weights() {
         .stderr(predicate::str::contains("re-initialised [\"fc.bias\", \"fc.weight\"]"));
     let before = rtrain::util::files::read_safetensors(&pretrained).unwrap().tensors;
     let after = rtrain::util::files::read_safetensors(&run.join("model.safetensors")).unwrap().tensors;
-    assert!(after["layer2.0.conv1.weight"].equal(&before["layer2.0.conv1.weight"]), "frozen weights changed");
+    assert_eq!(after.keys().collect::<Vec<_>>(), before.keys().collect::<Vec<_>>());
+    // Every parameter outside the head stays as loaded; BatchNorm's running statistics (and
+    // its counter) still follow the batches, as in PyTorch with requires_grad=False.
+    let statistic = |name: &str| {
+        [".running_mean", ".running_var", ".num_batches_tracked"].iter().any(|s| name.ends_with(s))
+    };
+    let mut compared = 0;
+    for (name, tensor) in before.iter().filter(|(name, _)| !name.starts_with("fc.") && !statistic(name)) {
+        assert!(after[name].equal(tensor), "frozen {name} changed in training");
+        compared += 1;
+    }
+    assert_eq!(compared, 60, "resnet18's parameters less fc's two");
+    assert!(!after["layer1.0.bn1.running_mean"].equal(&before["layer1.0.bn1.running_mean"]), "it trained");
     assert_eq!(after["fc.weight"].size(), vec![4, 512]);
 }
 

@@ -113,6 +113,70 @@ fn balanced_class_weights_are_scikit_learns_and_the_loss_is_pytorchs() {
             "the unweighted loss {plain} should differ from {reference}"
         );
     }
+
+    // Through `rtrain train`: from the weighted run's model, with BatchNorm frozen and no
+    // augmentation, one step over all 60 training images. Its logged loss is PyTorch's
+    // weighted loss of the logits `rtrain eval` gives the same images (their log
+    // probabilities: softmax's logits up to a constant per row).
+    let start = dir.path().join("weighted/model.safetensors");
+    let same_pixels = [
+        "data.train_transform=\"resize\"",
+        "data.eval_transform=\"resize\"",
+        "data.hflip=false",
+        "model.freeze_batchnorm=true",
+    ];
+    let pretrained = format!("model.pretrained={:?}", start.to_string_lossy());
+    let mut through =
+        vec!["train.class_weights=\"balanced\"", "train.label_smoothing=0.1", "data.batch_size=60"];
+    through.extend([pretrained.as_str()].iter().chain(&same_pixels));
+    let summary = train_one_epoch(dir.path(), &data, "through", &through);
+    assert_eq!(summary["global_steps"], 1, "one step of all 60 images");
+    let metrics = std::fs::read_to_string(dir.path().join("through/metrics.jsonl")).unwrap();
+    let step: Value = metrics
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .find(|record| record["kind"] == "step" && record["global_step"] == 1)
+        .unwrap_or_else(|| panic!("no record of step 1:\n{metrics}"));
+    let logged = step["loss"].as_f64().unwrap();
+    common::rtrain(dir.path())
+        .args(["eval", "--checkpoint"])
+        .arg(&start)
+        .args(["--split", "Train", "--out", "start-on-train", "--bootstrap", "0"])
+        .args(sets(&[&format!("data.root={:?}", data.to_string_lossy()), "data.image_size=32"]))
+        .args(sets(&same_pixels))
+        .assert()
+        .success();
+    let mut reader = csv::Reader::from_path(dir.path().join("start-on-train/predictions.csv")).unwrap();
+    let classes = ["C0", "C2", "C4"];
+    let (mut labels, mut log_probabilities) = (Vec::new(), Vec::new());
+    for record in reader.records() {
+        let record = record.unwrap();
+        labels.push(classes.iter().position(|c| *c == &record[1]).unwrap() as i64);
+        log_probabilities.extend((5..8).map(|i| record[i].parse::<f64>().unwrap().ln()));
+    }
+    assert_eq!(labels.len(), 60);
+    let logits = Tensor::from_slice(&log_probabilities).view([60, 3]);
+    let labels = Tensor::from_slice(&labels);
+    let input = dir.path().join("step-in.safetensors");
+    let tensors = [
+        named("logits", &logits),
+        named("labels", &labels),
+        named("weights", &weights.to_kind(Kind::Double)),
+    ];
+    rtrain::util::files::write_safetensors(&input, &tensors, None).unwrap();
+    let output = dir.path().join("step-out.safetensors");
+    common::run_python(
+        "imbalance_reference.py",
+        &["loss".as_ref(), input.as_os_str(), output.as_os_str(), "0.1".as_ref()],
+    );
+    let reference =
+        rtrain::util::files::read_safetensors(&output).unwrap().tensors["loss"].double_value(&[0]);
+    assert!(
+        (logged - reference).abs() < 1e-5,
+        "rtrain train's first step: loss {logged}, PyTorch's CrossEntropyLoss(weight=balanced) {reference}"
+    );
+    let plain = rtrain::train::step::cross_entropy(&logits, &labels, 0.1, None).unwrap().double_value(&[]);
+    assert!((plain - reference).abs() > 1e-3, "the unweighted loss {plain} should differ from {reference}");
 }
 
 /// The balanced sampler draws each epoch's order before the loader sees it: one epoch with 0

@@ -100,7 +100,12 @@ fn training_fetches_named_weights_into_an_empty_cache_and_starts_from_them() {
     assert_eq!(std::fs::read(&cached).unwrap(), std::fs::read(served.join(&name)).unwrap());
     let expected = safetensors(&served.join("expected.safetensors"));
     let trained = safetensors(&dir.path().join("first/model.safetensors"));
-    for key in ["conv1.weight", "layer4.1.bn2.weight", "layer3.0.downsample.1.running_var"] {
+    assert_eq!(trained.keys().collect::<Vec<_>>(), expected.keys().collect::<Vec<_>>());
+    // The head is new and the counters count this run's steps; every other tensor is frozen.
+    let kept = |key: &&String| !key.starts_with("fc.") && !key.ends_with(".num_batches_tracked");
+    let keys: Vec<&String> = expected.keys().filter(kept).collect();
+    assert_eq!(keys.len(), 100, "60 parameters and 40 BatchNorm statistics");
+    for key in keys {
         assert!(trained[key].equal(&expected[key]), "{key} is not the served file's");
     }
     assert_eq!(trained["fc.weight"].size(), [4, 512], "the head is re-initialised for 4 classes");

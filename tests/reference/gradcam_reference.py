@@ -1,21 +1,25 @@
-"""Grad-CAM by the `grad-cam` package (pytorch-grad-cam) for the images `rtrain explain`
-explained, on the torchvision ResNet that `rtrain export` wrote, from the same preprocessed
-input (the `input` tensor in each of explain's map files) and for the same class.
+"""Grad-CAM by the `grad-cam` package (pytorch-grad-cam) for the photos `rtrain explain`
+explained, on the torchvision ResNet that `rtrain export` wrote, from torchvision's own
+evaluation transform of each photo (Pillow's decode, Resize(RESIZE), CenterCrop(SIZE),
+ToTensor, Normalize with ImageNet's mean and std) and for CLASS: a class index, or
+"predicted" for the class torchvision's model predicts for that input.
 
-Usage: python gradcam_reference.py ARCH NUM_CLASSES WEIGHTS.safetensors HIDDEN LAYER OUT.safetensors MAP...
+Usage: python gradcam_reference.py ARCH NUM_CLASSES WEIGHTS.safetensors HIDDEN LAYER SIZE RESIZE CLASS OUT.safetensors PHOTO...
 HIDDEN ("512", "64,32" or "" for torchvision's fc) replaces the head as the DesignSafe tutorial
-does. OUT gets, per MAP in order, `cam_<i>`: the package's map before upsampling, as its
-`scale_cam_image` normalises it to [0, 1] (its resize to the input's size turned off), and
-`probabilities_<i>`: torchvision's softmax for that input.
+does. OUT gets, per PHOTO in order, `cam_<i>`: the package's map before upsampling, as its
+`scale_cam_image` normalises it to [0, 1] (its resize to the input's size turned off),
+`probabilities_<i>`: torchvision's softmax for that input, `input_<i>`: the input, and
+`class_<i>`: the class explained.
 """
 import sys
 
 import torch
 import torchvision
 from pytorch_grad_cam import GradCAM
+from PIL import Image
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from torchvision import transforms
 
 
 def model_of(arch, num_classes, weights, hidden):
@@ -30,20 +34,29 @@ def model_of(arch, num_classes, weights, hidden):
     return model.eval()
 
 
-def main(arch, num_classes, weights, hidden, layer, out, *maps):
+def main(arch, num_classes, weights, hidden, layer, size, resize, class_, out, *photos):
     model = model_of(arch, int(num_classes), weights, hidden)
     cam = GradCAM(model=model, target_layers=[getattr(model, layer)[-1]])
     # With no target size, compute_cam_per_layer normalises the map without resizing it.
     cam.get_target_width_height = lambda input_tensor: None
+    preprocess = transforms.Compose([
+        transforms.Resize(int(resize)),
+        transforms.CenterCrop(int(size)),
+        transforms.ToTensor(),
+        transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+    ])
     results = {}
-    for i, path in enumerate(maps):
-        with safe_open(path, "pt") as f:
-            class_index = int(f.metadata()["class_index"])
-            image = f.get_tensor("input").unsqueeze(0)
+    for i, path in enumerate(photos):
+        with open(path, "rb") as f:
+            image = preprocess(Image.open(f).convert("RGB")).unsqueeze(0)
+        with torch.no_grad():
+            probabilities = model(image).softmax(-1)[0]
+        class_index = int(probabilities.argmax()) if class_ == "predicted" else int(class_)
         grayscale = cam(input_tensor=image, targets=[ClassifierOutputTarget(class_index)])
         results[f"cam_{i}"] = torch.from_numpy(grayscale[0]).contiguous()
-        with torch.no_grad():
-            results[f"probabilities_{i}"] = model(image).softmax(-1)[0].contiguous()
+        results[f"probabilities_{i}"] = probabilities.contiguous()
+        results[f"input_{i}"] = image[0].contiguous()
+        results[f"class_{i}"] = torch.tensor([class_index])
     save_file(results, out)
 
 

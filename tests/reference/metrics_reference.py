@@ -1,11 +1,13 @@
 """The outside reference for rtrain's evaluation metrics (src/metrics.rs).
 
-Reads {"labels": [...], "probabilities": [[...], ...], "num_classes": C} and prints, as JSON,
-scikit-learn's metrics on the same predictions (with labels=range(C), so that every class
-counts), the expected calibration error by a short NumPy implementation of its standard
-definition (Guo et al. 2017: 15 equal-width bins of the top probability), and SciPy's
-percentile bootstrap intervals (95%, 1000 resamples) of top-1, macro-F1, balanced accuracy
-and quadratic kappa (unless the input says "bootstrap": false).
+Reads {"labels": [...], "probabilities": [[...], ...], "num_classes": C, "resamples": [[...], ...]}
+and prints, as JSON, scikit-learn's metrics on the same predictions (with labels=range(C), so
+that every class counts), torchmetrics' expected calibration error (its top-label
+MulticlassCalibrationError: 15 equal-width bins, L1, as Guo et al. 2017 define it), and the
+percentile bootstrap intervals (95%) of top-1, macro-F1, balanced accuracy and quadratic kappa
+over the given resamples (each a list of image indices; optional): scikit-learn's metric on
+each, then NumPy's 2.5th and 97.5th percentiles (linear interpolation, as SciPy's
+`bootstrap(method="percentile")` takes them), a resample whose metric is undefined left out.
 
     python metrics_reference.py PREDICTIONS.json
 """
@@ -14,22 +16,15 @@ import json
 import sys
 
 import numpy as np
-from scipy import stats
+import torch
 from sklearn import metrics
+from torchmetrics.functional.classification import multiclass_calibration_error
 
 
 def ece(labels, probabilities, bins=15):
-    confidence = probabilities.max(axis=1)
-    correct = probabilities.argmax(axis=1) == labels
-    total = 0.0
-    for b in range(bins):
-        lower, upper = b / bins, (b + 1) / bins
-        inside = (confidence > lower) & (confidence <= upper)
-        if b == 0:
-            inside |= confidence == 0.0
-        if inside.any():
-            total += inside.mean() * abs(correct[inside].mean() - confidence[inside].mean())
-    return total
+    return multiclass_calibration_error(
+        torch.from_numpy(probabilities), torch.from_numpy(labels), num_classes=probabilities.shape[1], n_bins=bins, norm="l1"
+    ).item()
 
 
 def main(path):
@@ -55,22 +50,12 @@ def main(path):
             metrics.cohen_kappa_score(yy, pp, labels=classes, weights="quadratic"),
         )
 
-    def statistic(indices, which):
-        return headline(indices.astype(int))[which]
-
+    names = ["top1", "macro_f1", "balanced_accuracy", "quadratic_kappa"]
+    draws = np.array([headline(np.array(indices, dtype=int)) for indices in given.get("resamples", [])])
     intervals = {}
-    names = ["top1", "macro_f1", "balanced_accuracy", "quadratic_kappa"] if given.get("bootstrap", True) else []
-    for which, name in enumerate(names):
-        result = stats.bootstrap(
-            (np.arange(len(y)),),
-            lambda i, which=which: statistic(i, which),
-            vectorized=False,
-            n_resamples=1000,
-            method="percentile",
-            confidence_level=0.95,
-            random_state=np.random.default_rng(0),
-        )
-        intervals[name] = [result.confidence_interval.low, result.confidence_interval.high]
+    for which, name in enumerate(names if len(draws) else []):
+        values = draws[:, which][np.isfinite(draws[:, which])]
+        intervals[name] = np.percentile(values, [2.5, 97.5]).tolist()
 
     print(json.dumps({
         "top1": metrics.accuracy_score(y, pred),
