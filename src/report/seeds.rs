@@ -171,7 +171,12 @@ impl Comparison {
         let difference = mean_a - mean_b;
         let t = difference / se;
         let half = t_quantile(df) * se;
-        let p = StudentsT::new(0.0, 1.0, df).map_or(f64::NAN, |dist| 2.0 * dist.sf(t.abs()));
+        // Equal groups without spread give t = 0/0: no p-value, as SciPy reports (statrs'
+        // survival function panics on NaN).
+        let p = match t.is_nan() {
+            true => f64::NAN,
+            false => StudentsT::new(0.0, 1.0, df).map_or(f64::NAN, |dist| 2.0 * dist.sf(t.abs())),
+        };
         Comparison {
             metric: metric.to_string(),
             group_a: group_a.to_string(),
@@ -251,6 +256,9 @@ mod tests {
         assert_eq!((summary.sd, summary.ci_low, summary.ci_high), (0.0, 0.5, 0.5));
         let c = Comparison::welch("top1", ("a", &[0.5, 0.5, 0.5]), ("b", &[0.25, 0.25, 0.25]));
         assert_eq!((c.t, c.df, c.p, c.ci_low, c.ci_high), (f64::INFINITY, 1.0, 0.0, 0.25, 0.25));
+        // Two equal such groups: t and p NaN, df 1 (SciPy 1.16.3); `rtrain report` panicked.
+        let same = Comparison::welch("top1", ("a", &[0.5, 0.5, 0.5]), ("b", &[0.5, 0.5, 0.5]));
+        assert!(same.t.is_nan() && same.p.is_nan() && same.df == 1.0, "{same:?}");
     }
 
     #[test]
