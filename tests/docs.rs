@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-mod common;
+use crate::common;
 
 /// Every `.rs` file under `dir`, as paths relative to the repository root.
 fn rust_files(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {

@@ -4,7 +4,7 @@
 //! NumPy implementation of its definition, and the bootstrap intervals beside SciPy's
 //! percentile bootstrap, within sampling error (tests/reference/metrics_reference.py).
 
-mod common;
+use crate::common;
 
 use rand::{Rng, SeedableRng};
 use rtrain::metrics::{self, Predictions};
