@@ -4,7 +4,7 @@
 //! image (geometric ops also on a 33000x3 one, for Pillow's floating-point affine path); and the AutoAugment sub-policy tables and every space's magnitude bins equal
 //! torchvision's. tests/reference/autoaugment_reference.py writes the expected images.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

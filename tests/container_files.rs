@@ -2,7 +2,7 @@
 //! path: the Containerfile passes hadolint (with .hadolint.yaml), apptainer.def has the
 //! sections Apptainer needs and its scripts pass shellcheck as /bin/sh scripts.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -25,7 +25,7 @@
 //! builds that scripts/test makes (RTRAIN_CUDA_BINARY, RTRAIN_MPICH_BINARY), and fails,
 //! saying which, without them.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -59,8 +59,7 @@ fn cuda_binary() -> PathBuf {
 
 /// Builds with `scripts/container build`, one at a time: they share target/container.
 fn build(tag: &str, args: &[&str]) {
-    static BUILDING: Mutex<()> = Mutex::new(());
-    let _one_at_a_time = BUILDING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _one_at_a_time = common::fixtures::container_build();
     let output = Command::new(common::repo().join("scripts/container"))
         .arg("build")
         .args(args)

@@ -2,7 +2,7 @@
 //! arithmetic of gradient averaging, agreement of the replicas, the GLOBAL_RANK-0-only rule for
 //! the run directory, and a failing or killed rank ending the whole job.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -310,18 +310,6 @@ fn a_failing_rank_ends_the_job() {
     assert!(stderr.contains("rank 1") && stderr.contains("optim.lr"), "{stderr}");
 }
 
-/// The pid of the `rtrain` process that mpirun started as world rank `rank`.
-fn rank_pid(rank: usize) -> Option<u32> {
-    let wanted = format!("OMPI_COMM_WORLD_RANK={rank}");
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-        let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
-        let environ = std::fs::read(entry.path().join("environ")).ok()?;
-        let is_rank = environ.split(|&b| b == 0).any(|var| var == wanted.as_bytes());
-        (comm.trim() == "rtrain" && is_rank).then_some(pid)
-    })
-}
-
 /// SIGKILL of rank 1 mid-epoch: mpirun ends the job within seconds with a failure, the newest
 /// checkpoint is intact, and `--resume auto` under a new mpirun finishes the run.
 #[test]
@@ -351,8 +339,8 @@ fn a_killed_rank_ends_the_job_and_the_run_resumes() {
         assert!(started.elapsed() < Duration::from_secs(120), "no checkpoint after 2 minutes");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let victim = rank_pid(1).expect("rank 1's process");
-    // SAFETY: kill(2) on a pid we just found; the worst case is signalling nothing.
+    let victim = child_rank_pid(&child, 1).expect("rank 1's process");
+    // SAFETY: kill(2) on a child process of our mpirun.
     assert_eq!(unsafe { libc::kill(victim as i32, libc::SIGKILL) }, 0);
     let killed_at = Instant::now();
     let status = common::wait_within(&mut child, Duration::from_secs(30), "job after SIGKILL of rank 1");

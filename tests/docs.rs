@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use clap::CommandFactory;
 
-mod common;
+use crate::common;
 
 /// Every `.rs` file under `dir`, as paths relative to the repository root.
 fn rust_files(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {

@@ -2,7 +2,7 @@
 //! its report, human or JSON, whatever it finds, and its exit status says whether it found a
 //! problem.
 
-mod common;
+use crate::common;
 
 #[test]
 fn doctor_exits_non_zero_on_a_problem_and_still_prints_the_report() {

@@ -4,7 +4,7 @@
 //! torchmetrics', and the bootstrap intervals beside the percentiles of scikit-learn's metrics
 //! on the same resamples (tests/reference/metrics_reference.py).
 
-mod common;
+use crate::common;
 
 use rand::{Rng, SeedableRng};
 use rtrain::metrics::{self, Predictions};

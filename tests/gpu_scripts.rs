@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::Command;
 
-mod common;
+use crate::common;
 
 fn gpu_check(path: &str, out: &Path) -> std::process::Output {
     Command::new(common::repo().join("scripts/gpu-check"))

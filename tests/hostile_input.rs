@@ -5,7 +5,7 @@
 // Helpers of the tier-gated tests are unused in the fast loop (`cargo test` without features).
 #![cfg_attr(not(feature = "all-tiers"), allow(dead_code, unused_imports))]
 
-mod common;
+use crate::common;
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;

@@ -5,7 +5,7 @@
 //! the all-reduce on its own stream, the compute stream waiting before the optimizer) and the
 //! averaged gradients equal MPI's.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Stdio;

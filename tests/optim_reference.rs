@@ -2,7 +2,7 @@
 //! tests/reference/optim_reference.py and plateau_reference.py make the references, these tests
 //! replay them.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

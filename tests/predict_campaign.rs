@@ -4,7 +4,7 @@
 //! (real `mpirun`) and at 0 and 2 loader workers; a SIGTERM'd and a SIGKILL'd job resumed to the
 //! bytes of an uninterrupted one.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

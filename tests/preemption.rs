@@ -6,7 +6,7 @@
 // Helpers of the tier-gated tests are unused in the fast loop (`cargo test` without features).
 #![cfg_attr(not(feature = "all-tiers"), allow(dead_code, unused_imports))]
 
-mod common;
+use crate::common;
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};

@@ -6,7 +6,7 @@
 //! Pillow's `draft` and the full decode, and the Exif orientation against Pillow's
 //! `exif_transpose` (tests/reference/draft_exif.py).
 
-mod common;
+use crate::common;
 
 use rand::{Rng, SeedableRng};
 use rtrain::data::decode::{

@@ -6,7 +6,7 @@
 //! (weights, model card, RO-Crate, the checksum listing itself) or a file added fails it;
 //! `--seal` after the author's edit makes it pass again, and refuses changed weights.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -324,7 +324,7 @@ fn a_three_seed_bundle_validates_and_verifies() {
 #[test]
 fn publish_refuses_what_it_cannot_vouch_for() {
     let dir = tempfile::tempdir().unwrap();
-    let data = common::synth(dir.path(), 2, 1, 32);
+    let data = common::fixtures::synth_tree();
     let data_arg = format!("data.root={:?}", data.display().to_string());
     common::assert_success(
         common::rtrain(dir.path())

@@ -2,7 +2,7 @@
 //! changed byte in a checkpoint or a data file, and `rtrain reproduce` re-runs a run from its
 //! manifest and says whether it matched.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -2,7 +2,7 @@
 //! statistics, checked against SciPy (`t.interval`, Welch's `ttest_ind`) on the numbers the runs'
 //! own `metrics.jsonl` hold.
 
-mod common;
+use crate::common;
 
 use serde_json::Value;
 

@@ -5,7 +5,7 @@
 //! signals the jobs (`--signal`, time limits, `scancel`), requeues them and records how they
 //! ended (`sacct -c`, from the job-completion log).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -686,6 +686,7 @@ fn test_image() -> &'static str {
     static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     const TAG: &str = "rtrain:slurm-test";
     BUILT.get_or_init(|| {
+        let _one_at_a_time = common::fixtures::container_build();
         let output = Command::new(common::repo().join("scripts/container"))
             .args(["build", "--binary", env!("CARGO_BIN_EXE_rtrain")])
             .env("RTRAIN_IMAGE_TAG", TAG)

@@ -2,7 +2,7 @@
 //! (`event_accumulator`): every scalar equal to what `metrics.jsonl` holds, from a finished run,
 //! from a run still in progress, and from a run killed and resumed (no step twice).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Stdio;

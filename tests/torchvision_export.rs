@@ -2,7 +2,7 @@
 //! logits there as here (tests/reference/torchvision_logits.py runs the torchvision side), and
 //! torchvision-format files load into rtrain as pretrained weights.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

@@ -4,7 +4,7 @@
 // Helpers of the tier-gated tests are unused in the fast loop (`cargo test` without features).
 #![cfg_attr(not(feature = "all-tiers"), allow(dead_code, unused_imports))]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

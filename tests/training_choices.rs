@@ -5,7 +5,7 @@
 //! accumulation and the sampler across ranks are tested under mpirun in tests/distributed.rs;
 //! preemption with both in tests/preemption.rs.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

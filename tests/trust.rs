@@ -5,7 +5,7 @@
 //! eval's NLL, Brier score and ECE are scikit-learn's and the definition's, and an ensemble with
 //! flip TTA is the mean of torchvision's softmaxes. One model is trained for all of them.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

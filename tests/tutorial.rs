@@ -3,7 +3,7 @@
 //! label smoothing, ReduceLROnPlateau, SyncBatchNorm) on a tree with the tutorial's layout,
 //! checked against the same recipe in PyTorch (tests/reference/tutorial_reference.py).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

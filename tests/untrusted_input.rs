@@ -5,7 +5,7 @@
 //! misspelt environment variable ignored in silence), run directories and checkpoints, and
 //! images whose header declares more pixels than anyone photographs.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
@@ -502,7 +502,7 @@ fn start_up_work_honours_a_signal_and_a_huge_file_is_judged_by_its_header() {
     assert!(stderr.contains("huge.safetensors") && stderr.contains("refused unread"), "{stderr}");
 
     // Weights of 4 GiB (sparse: nothing on disk), hashed at start-up before a step is taken.
-    let data = common::synth(dir.path(), 2, 1, 32);
+    let data = common::fixtures::synth_tree();
     let weights = dir.path().join("big.safetensors");
     let tensor_bytes: u64 = 4 << 30;
     let mut header = format!(
@@ -805,17 +805,18 @@ fn resuming_a_finished_run_leaves_every_file_of_it_as_it_was() {
 #[test]
 fn eval_refuses_a_shard_changed_since_it_was_prepared() {
     let dir = tempfile::tempdir().unwrap();
-    let data = common::synth(dir.path(), 4, 2, 32);
-    let trained = train_tiny(dir.path(), &data, "run", &[]);
-    assert!(trained.status.success(), "{}", text(&trained.stderr));
+    // The shared tiny run and its tree, only read: the shards are this test's own.
+    let tiny = common::fixtures::tiny_run();
     let shards = dir.path().join("shards");
     common::assert_success(
-        common::rtrain(dir.path()).args(["data", "prepare"]).arg(&data).arg(&shards).output().unwrap(),
+        common::rtrain(dir.path()).args(["data", "prepare"]).arg(&tiny.data).arg(&shards).output().unwrap(),
         "data prepare",
     );
     let eval = || {
         common::rtrain(dir.path())
-            .args(["eval", "--checkpoint", "run/checkpoints/best.safetensors", "--data", "shards"])
+            .args(["eval", "--checkpoint"])
+            .arg(tiny.run.join("checkpoints/best.safetensors"))
+            .args(["--data", "shards"])
             .args(["--set", "data.image_size=32", "--set", "train.threads=1"])
             .output()
             .unwrap()
@@ -965,18 +966,10 @@ fn a_misspelt_class_weight_rule_lists_the_valid_values() {
 // --- Issue 50, predict --out ---
 
 /// The tiny model the `predict --out` cases classify with (one epoch, 32 px, 4 classes) and the
-/// synthetic data it was trained on: trained once per test process, under Cargo's scratch
-/// directory for integration tests.
-fn predict_model() -> &'static (std::path::PathBuf, std::path::PathBuf) {
-    static MODEL: std::sync::OnceLock<(std::path::PathBuf, std::path::PathBuf)> = std::sync::OnceLock::new();
-    MODEL.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("issue50-predict-model");
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let data = common::synth(&dir, 2, 2, 32);
-        common::assert_success(train_tiny(&dir, &data, "run", &[]), "rtrain train");
-        (dir.join("run/model.safetensors"), data)
-    })
+/// synthetic data it was trained on: common's tiny run, trained once per test binary.
+fn predict_model() -> (&'static Path, &'static Path) {
+    let tiny = common::fixtures::tiny_run();
+    (&tiny.model, &tiny.data)
 }
 
 /// `n` of the synthetic validation photos copied into `dir/<to>` as `p0.jpg`, `p1.jpg`...

@@ -2,7 +2,7 @@
 //! published weights fetched by name into PyTorch's cache. The files come from PyTorch itself
 //! (tests/reference/torchvision_pth.py).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -127,7 +127,7 @@ fn training_fetches_named_weights_into_an_empty_cache_and_starts_from_them() {
 #[test]
 fn weights_neither_cached_nor_fetchable_name_the_file_url_and_fetch_command() {
     let dir = tempfile::tempdir().unwrap();
-    let data = common::synth(dir.path(), 2, 1, 32);
+    let data = common::fixtures::synth_tree();
     let torch_home = dir.path().join("torch");
     let output = common::rtrain(dir.path())
         .env("TORCH_HOME", &torch_home)
@@ -243,7 +243,7 @@ fn legacy_and_protocol_4_torch_save_files_read_as_torch_wrote_them() {
 #[test]
 fn training_from_a_lying_pth_stops_naming_it() {
     let dir = hostile_pth_files();
-    let data = common::synth(dir.path(), 2, 1, 32);
+    let data = common::fixtures::synth_tree();
     let pretrained = dir.path().join("conv_record_cut_short.pth");
     let output = common::rtrain(dir.path())
         .args(["train", "--set", &format!("data.root={:?}", data.display().to_string())])

@@ -2,7 +2,7 @@
 //! (tests/reference/make_zips.py): a good one extracts to exactly the tree zipfile wrote, and
 //! each hostile one is refused, naming the archive and the entry, with nothing written.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;

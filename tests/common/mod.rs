@@ -1,6 +1,9 @@
 //! Helpers shared by the integration tests: the Python reference interpreter, scratch
-//! directories and running the real `rtrain` binary.
+//! directories, running the real `rtrain` binary, and the fixtures made once per test binary
+//! (`fixtures`).
 #![allow(dead_code)]
+
+pub mod fixtures;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -6,33 +6,18 @@
 //! those without one.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::sync::OnceLock;
 
 use serde_json::Value;
 
 use super::common;
 
 /// A ResNet-18 trained for one epoch on 8 synthetic 32-pixel photos: what predict needs to
-/// write its files, trained once per test binary (its predictions are not what is tested).
+/// write its files (its predictions are not what is tested): common's tiny run, trained once per
+/// test binary.
 pub fn tiny_model() -> &'static Path {
-    static MODEL: OnceLock<PathBuf> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("per_building-model");
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let data = common::synth(&dir, 2, 1, 32);
-        let output = common::rtrain(&dir)
-            .args(["train", "--run-dir", "run"])
-            .args(["--set", &format!("data.root={:?}", data.display().to_string())])
-            .args(["--set", "data.image_size=32", "--set", "data.batch_size=8"])
-            .args(["--set", "train.epochs=1", "--set", "train.threads=1"])
-            .output()
-            .unwrap();
-        common::assert_success(output, "rtrain train (the tiny model)");
-        dir.join("run/model.safetensors")
-    })
+    &common::fixtures::tiny_run().model
 }
 
 /// What `exiftool -n` reads of each file: the composite (signed) position and altitude, and

@@ -4,8 +4,7 @@
 //! probabilities as numpy computes them; `buildings.geojson` as the `geojson` package and
 //! geopandas read it.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 mod assignment;
 mod buildings;
