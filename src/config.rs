@@ -856,8 +856,13 @@ section! {
         /// Once training runs, a rank that waits longer than this in a collective ends the
         /// job, naming the ranks that did not arrive (a stopped or hung rank would otherwise
         /// hang it). Up to a week; below a second a busy but healthy collective would be a
-        /// "hang". Set-up (data hashing, staging) may take up to 30 minutes.
+        /// "hang". Set-up has its own limit, `setup_timeout_s`.
         timeout_s: f64 = 300.0, range closed(1.0, 604_800.0);
+        /// The same limit before training runs, while one rank generates the built-in data,
+        /// hashes the data files or a node stages them and the others wait: raise it for a
+        /// data set that takes longer than 30 minutes to hash or copy.
+        setup_timeout_s: f64 = crate::cluster::watchdog::STARTUP_LIMIT.as_secs_f64(),
+            range closed(1.0, 604_800.0);
     }
 }
 

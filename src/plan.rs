@@ -14,6 +14,7 @@ use tch::Device;
 
 use crate::cluster::device::{self, DeviceError};
 use crate::cluster::grad_sync::SyncOptions;
+use crate::cluster::watchdog;
 use crate::cluster::wire::Wire;
 use crate::cluster::Topology;
 use crate::config::{
@@ -91,6 +92,8 @@ impl RunPlan {
         stop_after_epochs: Option<u32>,
     ) -> Result<RunPlan, PlanError> {
         precision::set_deterministic(config.run.deterministic)?;
+        // Until `train::run` sets `dist.timeout_s`, every wait is a set-up one.
+        watchdog::set_limit(Duration::from_secs_f64(config.dist.setup_timeout_s));
         let threads = set_threads(config.train.threads, topology.local_world_size);
         let device = choose_device(config, topology)?;
         device::prepare(device, config.run.deterministic);
