@@ -3,7 +3,9 @@
 //! transforms, the loader's options, steps per epoch and the batches of each, gradient
 //! synchronisation, where to resume and when to stop.
 //! Training, evaluation, prediction and the benchmarks read a [`RunPlan`] instead of deriving
-//! these again from raw settings.
+//! these again from raw settings: the plan holds the configuration privately and answers with
+//! decisions and typed settings; the whole configuration leaves it only to be recorded
+//! ([`RunPlan::recorded_config`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,11 +14,16 @@ use tch::Device;
 
 use crate::cluster::device::{self, DeviceError};
 use crate::cluster::grad_sync::SyncOptions;
+use crate::cluster::watchdog;
 use crate::cluster::wire::Wire;
 use crate::cluster::Topology;
-use crate::config::{BadSample, Config, DistConfig, EvalGeometry, TrainGeometry, Workers};
+use crate::config::{
+    BadSample, CheckpointConfig, ClassWeights, Config, ConfigError, DistConfig, EarlyStoppingConfig,
+    EvalGeometry, ModelConfig, OptimConfig, SamplerKind, ScheduleConfig, TrainGeometry, Workers,
+};
+use crate::data::dataset::{self, Dataset};
 use crate::data::loader::{EpochBatches, LoaderOptions};
-use crate::data::sampler;
+use crate::data::sampler::{self, Sampler};
 use crate::data::shards::{self, Staging};
 use crate::data::transforms::{Augment, Geometry, Transform};
 use crate::model::precision::{self, Compute};
@@ -58,7 +65,8 @@ pub enum Resume {
 /// tensor work.
 #[derive(Debug, Clone)]
 pub struct RunPlan {
-    pub config: Config,
+    /// The resolved configuration, which the methods turn into decisions.
+    config: Config,
     pub topology: Topology,
     /// libtorch intra-op threads, as libtorch reports them after setting.
     pub threads: i32,
@@ -84,6 +92,8 @@ impl RunPlan {
         stop_after_epochs: Option<u32>,
     ) -> Result<RunPlan, PlanError> {
         precision::set_deterministic(config.run.deterministic)?;
+        // Until `train::run` sets `dist.timeout_s`, every wait is a set-up one.
+        watchdog::set_limit(Duration::from_secs_f64(config.dist.setup_timeout_s));
         let threads = set_threads(config.train.threads, topology.local_world_size);
         let device = choose_device(config, topology)?;
         device::prepare(device, config.run.deterministic);
@@ -135,6 +145,125 @@ impl RunPlan {
             resume,
             last_epoch,
         }
+    }
+
+    /// The resolved configuration whole, to be recorded (`config.toml`, the manifest, a
+    /// checkpoint's preprocessing); decisions are the other methods'.
+    pub fn recorded_config(&self) -> &Config {
+        &self.config
+    }
+
+    /// sha256 of the configuration (its `config_hash`): identifies it in checkpoints and
+    /// prediction jobs.
+    pub fn digest(&self) -> Result<String, ConfigError> {
+        self.config.hash()
+    }
+
+    /// The one seed every random choice derives from, `run.seed`.
+    pub fn seed(&self) -> u64 {
+        self.config.run.seed
+    }
+
+    /// Whether results are bit-reproducible, `run.deterministic` (applied when the plan was
+    /// made).
+    pub fn deterministic(&self) -> bool {
+        self.config.run.deterministic
+    }
+
+    /// The model to build and what it starts from, `[model]`.
+    pub fn model(&self) -> &ModelConfig {
+        &self.config.model
+    }
+
+    /// The optimizer, `[optim]`.
+    pub fn optim(&self) -> &OptimConfig {
+        &self.config.optim
+    }
+
+    /// The learning-rate schedule, `[schedule]`, over [`Self::epochs`].
+    pub fn schedule(&self) -> &ScheduleConfig {
+        &self.config.schedule
+    }
+
+    /// When training stops early, `train.early_stopping`.
+    pub fn early_stopping(&self) -> &EarlyStoppingConfig {
+        &self.config.train.early_stopping
+    }
+
+    /// When checkpoints are saved and which are kept, `[checkpoint]`.
+    pub fn checkpoints(&self) -> &CheckpointConfig {
+        &self.config.checkpoint
+    }
+
+    /// The run's length in epochs, `train.epochs`, which the schedule spans; the run itself
+    /// ends after [`Self::last_epoch`].
+    pub fn epochs(&self) -> u32 {
+        self.config.train.epochs
+    }
+
+    pub fn label_smoothing(&self) -> f64 {
+        self.config.train.label_smoothing
+    }
+
+    /// Steps between progress lines when not on a terminal.
+    pub fn log_every_steps(&self) -> u64 {
+        self.config.train.log_every_steps
+    }
+
+    /// The loss's class weights as configured, `train.class_weights`.
+    pub fn class_weights(&self) -> &ClassWeights {
+        &self.config.train.class_weights
+    }
+
+    pub fn train_split(&self) -> &str {
+        &self.config.data.train_split
+    }
+
+    pub fn val_split(&self) -> &str {
+        &self.config.data.val_split
+    }
+
+    /// The classes' order, `data.class_order` (empty: sorted names).
+    pub fn class_order(&self) -> &[String] {
+        &self.config.data.class_order
+    }
+
+    /// Images per training batch on this rank, `data.batch_size`.
+    pub fn batch_size(&self) -> usize {
+        self.config.data.batch_size
+    }
+
+    /// Whether a partial last training batch is dropped, `data.drop_last`.
+    pub fn drop_last(&self) -> bool {
+        self.config.data.drop_last
+    }
+
+    /// Side of the square image the network sees, `data.image_size`.
+    pub fn image_size(&self) -> u32 {
+        self.config.data.image_size
+    }
+
+    /// How the training split's samples are chosen each epoch (`data.sampler`).
+    pub fn train_sampler(&self, train: &dyn Dataset, classes: usize) -> Sampler {
+        match self.config.data.sampler {
+            SamplerKind::Shuffle => Sampler::Shuffle { len: train.len() },
+            SamplerKind::Balanced => {
+                Sampler::balanced(&dataset::labels(train), classes, self.config.data.samples_per_epoch)
+            }
+        }
+    }
+
+    /// This rank's share of epoch `epoch`'s order of `sampler`: seeded by the run's seed, split
+    /// among the ranks as `dist.uneven` says.
+    pub fn rank_order(&self, sampler: &Sampler, epoch: u32) -> Vec<usize> {
+        let epoch_order = sampler.epoch_order(self.seed(), u64::from(epoch));
+        let topology = &self.topology;
+        sampler::rank_shard(&epoch_order, topology.rank, topology.world_size, self.config.dist.uneven)
+    }
+
+    /// How long a collective may wait once training runs, `dist.timeout_s`.
+    pub fn collective_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.config.dist.timeout_s)
     }
 
     /// Where the data is read from: the node-local copy when training stages it, else

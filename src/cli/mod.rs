@@ -105,6 +105,10 @@ pub enum Command {
 pub enum ConfigCommand {
     /// Print the resolved configuration with the origin of each value.
     Show(ConfigArgs),
+    /// Print every key with its default and doc, as TOML (the text of configs/default.toml).
+    Defaults,
+    /// Print the configuration reference in Markdown (docs/reference/configuration.md).
+    Reference,
 }
 
 #[derive(Debug, Args)]
@@ -157,6 +161,14 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Verify(args) => args.run(),
         Command::Reproduce(args) => args.run(),
         Command::Config(ConfigCommand::Show(args)) => args.show(),
+        Command::Config(ConfigCommand::Defaults) => {
+            print!("{}", crate::config::default_toml());
+            Ok(())
+        }
+        Command::Config(ConfigCommand::Reference) => {
+            print!("{}", crate::config::reference_markdown());
+            Ok(())
+        }
         Command::Bench(command) => command.run(),
     }
 }

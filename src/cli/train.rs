@@ -168,8 +168,9 @@ fn train_as_rank(
     run_dir: Option<PathBuf>,
     resume: Resume,
 ) -> Result<Option<PathBuf>> {
-    job::once_per_node(comm.as_ref(), || super::data::generate_default_data(config))?;
+    // The plan first: it sets how long the set-up below may keep a rank waiting.
     let plan = RunPlan::for_training(config, comm.topology(), resume, None)?;
+    job::once_per_node(comm.as_ref(), || super::data::generate_default_data(config))?;
     job::stage_data(plan.staging.as_ref(), comm.as_ref())?;
     let run_dir = run_dir.unwrap_or_else(|| run_dir::default_run_dir(config));
     let paths = RunPaths::new(job::broadcast_path(comm.as_ref(), &run_dir));

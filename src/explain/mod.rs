@@ -97,7 +97,6 @@ pub fn explain(
     request: &Request,
 ) -> Result<Vec<Explained>, ExplainError> {
     let stage = parse_layer(&request.layer)?;
-    let config = &plan.config;
     let classes = ensemble.classes();
     let class = request.class.as_deref().map(|c| parse_class(c, classes)).transpose()?;
     let (dataset, indices): (Arc<dyn Dataset>, Vec<usize>) = match &request.images {
@@ -107,7 +106,7 @@ pub fn explain(
             (Arc::new(inputs), all)
         }
         Images::Sample { root, split, count, seed } => {
-            let dataset = crate::data::open_split(root, split, &config.data.class_order)?;
+            let dataset = crate::data::open_split(root, split, plan.class_order())?;
             let indices = sample(dataset.len(), *count, *seed);
             (dataset, indices)
         }

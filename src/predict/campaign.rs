@@ -186,7 +186,6 @@ pub fn run(
     let started = Instant::now();
     signals::install().context("installing the stop-signal handlers")?;
     let topology = comm.topology().clone();
-    let config = &plan.config;
     // Footprints first: a bad file ends the job before a photo is classified.
     let setup = match topology.is_root() {
         true => read_footprints(request)
@@ -228,7 +227,7 @@ pub fn run(
         tta: ensemble.tta,
         inputs_sha256,
         images: inputs.len(),
-        config_hash: config.hash()?,
+        config_hash: plan.digest()?,
         top,
     };
     let parts_dir = request.out.join("parts");

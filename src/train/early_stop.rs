@@ -8,13 +8,13 @@ use crate::run_dir::checkpoint::EarlyStoppingState;
 use crate::run_dir::records::{EarlyStop, EvalReport};
 
 pub struct EarlyStopping {
-    config: EarlyStoppingConfig,
+    rule: EarlyStoppingConfig,
     state: EarlyStoppingState,
 }
 
 impl EarlyStopping {
     pub fn new(config: &EarlyStoppingConfig) -> EarlyStopping {
-        EarlyStopping { config: config.clone(), state: EarlyStoppingState::default() }
+        EarlyStopping { rule: config.clone(), state: EarlyStoppingState::default() }
     }
 
     /// Continues from a checkpoint's state.
@@ -30,11 +30,11 @@ impl EarlyStopping {
     /// Takes the evaluation after epoch `epoch` (0-based) into account; returns the stop when
     /// training should end after this epoch.
     pub fn after_evaluation(&mut self, epoch: u32, val: &EvalReport) -> Option<EarlyStop> {
-        let value = watched_value(self.config.metric, val)?;
+        let value = watched_value(self.rule.metric, val)?;
         let improved = value.is_finite()
             && self.state.best.is_none_or(|best| match self.lower_is_better() {
-                true => value < best - self.config.min_delta,
-                false => value > best + self.config.min_delta,
+                true => value < best - self.rule.min_delta,
+                false => value > best + self.rule.min_delta,
             });
         self.state.last = Some(value);
         if improved {
@@ -50,25 +50,25 @@ impl EarlyStopping {
     /// (1-based): a checkpoint written after the stop, from which a resumed run must not train on.
     pub fn stop_after(&self, epoch: u32) -> Option<EarlyStop> {
         let state = &self.state;
-        if self.config.metric == StopMetric::None || state.bad_epochs < self.config.patience.max(1) {
+        if self.rule.metric == StopMetric::None || state.bad_epochs < self.rule.patience.max(1) {
             return None;
         }
         Some(EarlyStop {
             epoch,
-            metric: metric_name(self.config.metric).to_string(),
+            metric: metric_name(self.rule.metric).to_string(),
             value: state.last.filter(|v| v.is_finite()),
             best: state.best,
             best_epoch: state.best_epoch,
-            patience: self.config.patience,
-            min_delta: self.config.min_delta,
+            patience: self.rule.patience,
+            min_delta: self.rule.min_delta,
         })
     }
 
     fn lower_is_better(&self) -> bool {
-        match self.config.mode {
+        match self.rule.mode {
             StopMode::Min => true,
             StopMode::Max => false,
-            StopMode::Auto => self.config.metric == StopMetric::ValLoss,
+            StopMode::Auto => self.rule.metric == StopMetric::ValLoss,
         }
     }
 }

@@ -14,7 +14,7 @@ use crate::cluster::watchdog;
 use crate::cluster::Communicator;
 use crate::data::dataset::Dataset;
 use crate::data::loader::{Batch, Loader};
-use crate::data::sampler::{self, Sampler};
+use crate::data::sampler::Sampler;
 use crate::model::Model;
 use crate::run_dir::checkpoint::EpochTotals;
 use crate::run_dir::RunDir;
@@ -36,21 +36,19 @@ pub fn train_epoch(
 ) -> Result<EpochTotals, TrainError> {
     let mut totals = start.totals;
     let plan = trainer.plan();
-    let (config, topology) = (&plan.config, &plan.topology);
     let steps_per_epoch = trainer.steps_per_epoch();
-    let epoch_order = sampler.epoch_order(config.run.seed, u64::from(epoch));
-    let order = sampler::rank_shard(&epoch_order, topology.rank, topology.world_size, config.dist.uneven);
+    let order = plan.rank_order(sampler, epoch);
     let batches = plan.epoch_batches(epoch, steps_per_epoch, start.batch);
     let mut loader =
         Loader::new(dataset.clone(), order, plan.train_transform(), batches, plan.train_loader());
     let accumulate = plan.accumulate();
     let mut reporter = StepReporter::new(
         epoch,
-        config.train.epochs,
+        plan.epochs(),
         start.batch,
         steps_per_epoch,
-        config.train.log_every_steps,
-        topology.is_root(),
+        plan.log_every_steps(),
+        plan.topology.is_root(),
     );
     // Training time includes waiting for the loader (what an epoch costs), not logging and
     // checkpoints.
@@ -87,7 +85,7 @@ pub fn train_epoch(
         } else if output.stop {
             return Err(stop_mid_epoch(trainer, model, comm, out, epoch, step_in_epoch, &totals));
         }
-        if policy::save_after_step(&config.checkpoint, step_in_epoch, steps_per_epoch) {
+        if policy::save_after_step(plan.checkpoints(), step_in_epoch, steps_per_epoch) {
             trainer.checkpoint_mid_epoch(model, comm, out, epoch, step_in_epoch, &totals)?;
         }
         trainer.offer_stop_snapshot(model, epoch, step_in_epoch, &totals)?;

@@ -274,9 +274,9 @@ pub fn evaluate_best(
     comm: &dyn Communicator,
     best: &Path,
 ) -> Result<(u32, EvalReport, CheckpointEvaluation), EvalError> {
-    let arch = plan.config.model.arch;
+    let arch = plan.model().arch;
     let num_classes = classes.len();
-    let model = Model::with_head(arch, num_classes, &plan.config.model.head_hidden, plan.compute.device)?;
+    let model = Model::with_head(arch, num_classes, &plan.model().head_hidden, plan.compute.device)?;
     let mut epoch = 0;
     if comm.topology().is_root() {
         let checkpoint = checkpoint::load(best, Some((arch, num_classes)))?;
@@ -352,7 +352,7 @@ pub fn evaluate_ensemble(
     root: &Path,
     split: &str,
 ) -> Result<CheckpointEvaluation, EvalError> {
-    let dataset = crate::data::open_split(root, split, &plan.config.data.class_order)?;
+    let dataset = crate::data::open_split(root, split, plan.class_order())?;
     crate::data::shards::check_recorded_sha256(dataset.as_ref())?;
     if dataset.classes() != ensemble.classes() {
         return Err(EvalError::Classes {

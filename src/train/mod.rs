@@ -26,7 +26,7 @@ pub mod trainer;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tch::{Device, Kind};
 
@@ -35,7 +35,6 @@ use crate::cluster::nccl::NcclLibrary;
 use crate::cluster::signals::{self, Preempted};
 use crate::cluster::watchdog;
 use crate::cluster::{self, Communicator, DistError};
-use crate::config::SamplerKind;
 use crate::data::dataset::{self as dataset, DataError, Dataset};
 use crate::data::sampler::Sampler;
 use crate::data::shards::ShardError;
@@ -123,13 +122,8 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     let data = Splits::open(plan)?;
     let (model, starting_weights) = build_model(plan, &data)?;
     broadcast_weights(comm.as_ref(), &model);
-    // Also in a job of one, where the sum is the identity: the same arithmetic at every world
-    // size, so runs at different sizes stay comparable.
-    if plan.sync_batchnorm() {
-        let comm = Arc::clone(comm);
-        model.sync_batchnorm(Box::new(move |values| comm.all_reduce_sum_f64_in_model(values)));
-    }
-    let sampler = data.train_sampler(plan);
+    join_sync_batchnorm(plan, &model, comm);
+    let sampler = plan.train_sampler(data.train.as_ref(), data.classes().len());
     let steps_per_epoch = plan.steps_per_epoch(sampler.len(), data.train.root())?;
     let loss_weights = data.class_weights(plan)?;
     let mut trainer = Trainer::new(plan, &model, data.classes(), steps_per_epoch, loss_weights.as_deref())?;
@@ -139,41 +133,21 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     if plan.resume == Resume::Overwrite {
         out.delete_previous_run()?;
     }
-    let resume_from = broadcast_resume_checkpoint(comm.as_ref(), plan, &out)?;
-    let position = match &resume_from {
-        Some(path) => {
-            let position = trainer.restore(&model, path)?;
-            // Decided from the path alone (the same on every rank, wherever the files are).
-            if !out.paths().holds_checkpoint(path) {
-                if out.writes() {
-                    tracing::info!(
-                        "{}: resumed from another run directory; its best checkpoint stays there, and \
-                         this run keeps its own best from here",
-                        path.display()
-                    );
-                }
-                trainer.forget_best();
-            }
-            position
-        }
-        None => Position::default(),
-    };
+    let (resume_from, position) = resume(comm.as_ref(), plan, &mut trainer, &model, &out)?;
     if finished_already(comm.as_ref(), plan, &out, resume_from.is_some(), &position, &trainer) {
-        let summary = match out.writes() {
-            true => Summary::read(&out.paths().summary()).map_err(RunDirError::from)?,
-            false => Summary::default(),
-        };
-        return Ok(Trained { summary, best_evaluation: None });
+        return Ok(Trained { summary: finished_summary(&out)?, best_evaluation: None });
     }
-    out.start(&plan.config, resume_from.is_some().then_some((position.global_step, position.epoch)))?;
+    out.start(
+        plan.recorded_config(),
+        resume_from.is_some().then_some((position.global_step, position.epoch)),
+    )?;
     if out.writes() {
-        out.start_manifest(
-            run_manifest(plan, &data, started_at, hosts, starting_weights, loss_weights, comm.as_ref())?,
-            position.epoch,
-        )?;
+        let manifest =
+            run_manifest(plan, &data, started_at, hosts, starting_weights, loss_weights, comm.as_ref());
+        out.start_manifest(manifest?, position.epoch)?;
     }
     // From here every wait is a training-time one, NCCL's set-up included.
-    watchdog::set_limit(Duration::from_secs_f64(plan.config.dist.timeout_s));
+    watchdog::set_limit(plan.collective_timeout());
     trainer.join_gradient_sync(join_gradient_sync(plan, &model, comm)?);
     log_start(plan, &data, &sampler, steps_per_epoch, out.paths());
     trainer.keep_stop_snapshot(&out)?;
@@ -183,48 +157,23 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
             break;
         }
         let start = position.within(epoch, plan.topology.is_root());
-        let totals = epoch::train_epoch(
-            &mut trainer,
-            &model,
-            &data.train,
-            &sampler,
-            comm.as_ref(),
-            &mut out,
-            start,
-            epoch,
-        )?;
-        let totals = reduce_totals(comm.as_ref(), &totals);
-        sync_buffers(comm.as_ref(), &model);
+        let (train, comm) = (&data.train, comm.as_ref());
+        let totals = epoch::train_epoch(&mut trainer, &model, train, &sampler, comm, &mut out, start, epoch)?;
+        let totals = reduce_totals(comm, &totals);
+        sync_buffers(comm, &model);
         watchdog::set_phase("evaluation", trainer.steps());
-        let val = eval::evaluate_split(&model, &data.val, plan, comm.as_ref())?;
+        let val = eval::evaluate_split(&model, &data.val, plan, comm)?;
         watchdog::set_phase("checkpoint", trainer.steps());
         trainer.finish_epoch(&model, epoch, &totals, val, &mut out)?;
         let last = epoch + 1 == plan.last_epoch || trainer.stopped_early().is_some();
         if trainer.stops_at_epoch_end() && !last {
-            comm.barrier();
-            let checkpoint = out.writes().then(|| out.paths().step_checkpoint(trainer.steps()));
-            return Err(TrainError::Preempted(Preempted { global_step: trainer.steps(), checkpoint }));
+            return Err(stopped_at_epoch_end(comm, &trainer, &out));
         }
     }
     sync_buffers(comm.as_ref(), &model);
     check_replicas_agree(comm.as_ref(), &model)?;
     let mut summary = trainer.summary(&data, started, resume_from);
-    let mut best_evaluation = None;
-    if trainer.has_best_checkpoint() {
-        let best = out.paths().best_checkpoint();
-        let (epoch, report, evaluation) =
-            eval::evaluate_best(plan, data.classes(), &data.val, comm.as_ref(), &best)?;
-        if out.writes() {
-            tracing::info!(
-                "best epoch {epoch} ({} evaluated again): val loss {:.4} top-1 {:.4}",
-                best.display(),
-                report.loss,
-                report.top1
-            );
-        }
-        (summary.best_epoch, summary.best_eval) = (Some(epoch), Some(report));
-        best_evaluation = Some(evaluation);
-    }
+    let best_evaluation = evaluate_best(plan, &data, comm.as_ref(), &out, &trainer, &mut summary)?;
     let weights = model.torchvision_state_dict(trainer.steps());
     trainer::check_finite("final weights", &weights)?;
     let summary = out.finish(&weights, &trainer.weights_meta(&model), summary)?;
@@ -232,6 +181,88 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
         log_done(&summary);
     }
     Ok(Trained { summary, best_evaluation })
+}
+
+/// SyncBatchNorm's sums over the ranks, when the plan asks for them ([`RunPlan::sync_batchnorm`]);
+/// also in a job of one, where the sum is the identity: the same arithmetic at every world
+/// size, so runs at different sizes stay comparable.
+fn join_sync_batchnorm(plan: &RunPlan, model: &Model, comm: &Arc<dyn Communicator>) {
+    if plan.sync_batchnorm() {
+        let comm = Arc::clone(comm);
+        model.sync_batchnorm(Box::new(move |values| comm.all_reduce_sum_f64_in_model(values)));
+    }
+}
+
+/// Where training starts: the checkpoint the ranks resume from (restored into `trainer` and
+/// `model`), and the position it records; the start when there is none. A collective.
+fn resume(
+    comm: &dyn Communicator,
+    plan: &RunPlan,
+    trainer: &mut Trainer,
+    model: &Model,
+    out: &RunDir,
+) -> Result<(Option<PathBuf>, Position), TrainError> {
+    let Some(path) = broadcast_resume_checkpoint(comm, plan, out)? else {
+        return Ok((None, Position::default()));
+    };
+    let position = trainer.restore(model, &path)?;
+    // Decided from the path alone (the same on every rank, wherever the files are).
+    if !out.paths().holds_checkpoint(&path) {
+        if out.writes() {
+            tracing::info!(
+                "{}: resumed from another run directory; its best checkpoint stays there, and \
+                 this run keeps its own best from here",
+                path.display()
+            );
+        }
+        trainer.forget_best();
+    }
+    Ok((Some(path), position))
+}
+
+/// The summary of a run found finished ([`finished_already`]): rank 0 reads it, the others
+/// return an empty one.
+fn finished_summary(out: &RunDir) -> Result<Summary, TrainError> {
+    match out.writes() {
+        true => Ok(Summary::read(&out.paths().summary()).map_err(RunDirError::from)?),
+        false => Ok(Summary::default()),
+    }
+}
+
+/// The ranks agreed to stop at the end of an epoch, whose checkpoint is written: the error that
+/// ends the run there, naming the checkpoint (on rank 0). A collective.
+fn stopped_at_epoch_end(comm: &dyn Communicator, trainer: &Trainer, out: &RunDir) -> TrainError {
+    comm.barrier();
+    let checkpoint = out.writes().then(|| out.paths().step_checkpoint(trainer.steps()));
+    TrainError::Preempted(Preempted { global_step: trainer.steps(), checkpoint })
+}
+
+/// The best checkpoint (when the run keeps one) evaluated again, as the tutorial reloads
+/// `best_model.pt`: its epoch and report go into `summary`, and every image's result is
+/// returned. A collective.
+fn evaluate_best(
+    plan: &RunPlan,
+    data: &Splits,
+    comm: &dyn Communicator,
+    out: &RunDir,
+    trainer: &Trainer,
+    summary: &mut Summary,
+) -> Result<Option<eval::CheckpointEvaluation>, TrainError> {
+    if !trainer.has_best_checkpoint() {
+        return Ok(None);
+    }
+    let best = out.paths().best_checkpoint();
+    let (epoch, report, evaluation) = eval::evaluate_best(plan, data.classes(), &data.val, comm, &best)?;
+    if out.writes() {
+        tracing::info!(
+            "best epoch {epoch} ({} evaluated again): val loss {:.4} top-1 {:.4}",
+            best.display(),
+            report.loss,
+            report.top1
+        );
+    }
+    (summary.best_epoch, summary.best_eval) = (Some(epoch), Some(report));
+    Ok(Some(evaluation))
 }
 
 /// The training and validation splits, which agree on the classes.
@@ -244,9 +275,8 @@ impl Splits {
     /// Opens both splits under the plan's data root and checks them against each other, the
     /// configured class count and the batch size.
     pub fn open(plan: &RunPlan) -> Result<Splits, TrainError> {
-        let d = &plan.config.data;
-        let train = crate::data::open_split(plan.data_root(), &d.train_split, &d.class_order)?;
-        let val = crate::data::open_split(plan.data_root(), &d.val_split, &d.class_order)?;
+        let train = crate::data::open_split(plan.data_root(), plan.train_split(), plan.class_order())?;
+        let val = crate::data::open_split(plan.data_root(), plan.val_split(), plan.class_order())?;
         if train.classes() != val.classes() {
             return Err(TrainError::ClassMismatch {
                 train: train.root().to_path_buf(),
@@ -255,14 +285,14 @@ impl Splits {
                 val_classes: val.classes().to_vec(),
             });
         }
-        if train.len() < d.batch_size && d.drop_last {
+        if train.len() < plan.batch_size() && plan.drop_last() {
             return Err(TrainError::TooFewImages {
                 dir: train.root().to_path_buf(),
                 images: train.len(),
-                batch: d.batch_size,
+                batch: plan.batch_size(),
             });
         }
-        let configured = plan.config.model.num_classes;
+        let configured = plan.model().num_classes;
         if configured != 0 && configured != train.classes().len() {
             return Err(TrainError::ClassCount {
                 configured,
@@ -277,23 +307,10 @@ impl Splits {
         self.train.classes()
     }
 
-    /// How the training split's samples are chosen each epoch (`data.sampler`).
-    pub fn train_sampler(&self, plan: &RunPlan) -> Sampler {
-        let d = &plan.config.data;
-        match d.sampler {
-            SamplerKind::Shuffle => Sampler::Shuffle { len: self.train.len() },
-            SamplerKind::Balanced => Sampler::balanced(
-                &dataset::labels(self.train.as_ref()),
-                self.classes().len(),
-                d.samples_per_epoch,
-            ),
-        }
-    }
-
     /// The loss's class weights (`train.class_weights`), counted over the training split.
     pub fn class_weights(&self, plan: &RunPlan) -> Result<Option<Vec<f64>>, TrainError> {
         let counts = dataset::class_counts(self.train.as_ref());
-        let setting = &plan.config.train.class_weights;
+        let setting = plan.class_weights();
         let weights =
             class_weights::resolve(setting, self.classes(), &counts, self.train.root().to_path_buf())?;
         if let Some(weights) = &weights {
@@ -307,8 +324,8 @@ impl Splits {
 /// The model as configured: seeded initialisation, starting weights, frozen parts, and the
 /// plan's memory format. Returns what the weights started from, for the manifest.
 fn build_model(plan: &RunPlan, data: &Splits) -> Result<(Model, Option<StartingWeights>), TrainError> {
-    let m = &plan.config.model;
-    tch::manual_seed(i64::from_ne_bytes(plan.config.run.seed.to_ne_bytes()));
+    let m = plan.model();
+    tch::manual_seed(i64::from_ne_bytes(plan.seed().to_ne_bytes()));
     let mut model = Model::with_head(m.arch, data.classes().len(), &m.head_hidden, plan.compute.device)?;
     if m.zero_init_residual {
         model.zero_init_residual()?;
@@ -346,7 +363,7 @@ fn build_model(plan: &RunPlan, data: &Splits) -> Result<(Model, Option<StartingW
 /// every rank starts from rank 0's weights anyway ([`broadcast_weights`]): compute nodes
 /// without internet or without the cache need nothing but rank 0's node.
 fn starting_weights(plan: &RunPlan) -> Result<Option<StartingWeights>, TrainError> {
-    let m = &plan.config.model;
+    let m = plan.model();
     let hash = |path: &Path| files::sha256_file(path);
     if let Some(path) = &m.pretrained {
         let sha256 = if plan.topology.is_root() { hash(path)? } else { String::new() };
@@ -476,11 +493,10 @@ fn run_manifest(
     class_weights: Option<Vec<f64>>,
     comm: &dyn Communicator,
 ) -> Result<Manifest, TrainError> {
-    let config = &plan.config;
     let hashing = Instant::now();
     let mut splits = vec![
-        DataSplit::hash(&config.data.train_split, data.train.as_ref())?,
-        DataSplit::hash(&config.data.val_split, data.val.as_ref())?,
+        DataSplit::hash(plan.train_split(), data.train.as_ref())?,
+        DataSplit::hash(plan.val_split(), data.val.as_ref())?,
     ];
     if let Some(staging) = &plan.staging {
         // A staged copy holds the same files under the same names as `data.root`; record the
@@ -499,10 +515,10 @@ fn run_manifest(
     Ok(Manifest {
         rtrain_version: env!("CARGO_PKG_VERSION").to_string(),
         git_revision: manifest::GIT_REVISION.to_string(),
-        config_hash: config.hash()?,
-        config: config.clone(),
-        seeds: manifest::Seeds::from_run_seed(config.run.seed),
-        deterministic: config.run.deterministic,
+        config_hash: plan.digest()?,
+        config: plan.recorded_config().clone(),
+        seeds: manifest::Seeds::from_run_seed(plan.seed()),
+        deterministic: plan.deterministic(),
         software: manifest::Software::here(comm.library_version()),
         container: manifest::Container::detect(),
         job: manifest::JobRecord {
@@ -560,20 +576,20 @@ pub fn weights_digest(model: &Model) -> Result<String, TrainError> {
 }
 
 fn log_start(plan: &RunPlan, data: &Splits, sampler: &Sampler, steps_per_epoch: u64, paths: &RunPaths) {
-    let (config, topology) = (&plan.config, &plan.topology);
+    let topology = &plan.topology;
     let drawn = match sampler {
         Sampler::Shuffle { .. } => String::new(),
         Sampler::Balanced { .. } => format!(", {} drawn per epoch class-balanced", sampler.len()),
     };
     tracing::info!(
         "training {} ({} classes) on {} images{drawn} ({} val), {} epochs x {} steps, batch {} x {} ranks x {} accumulated = {} on {} nodes, {} threads per rank, run dir {}",
-        config.model.arch,
+        plan.model().arch,
         data.classes().len(),
         data.train.len(),
         data.val.len(),
-        config.train.epochs,
+        plan.epochs(),
         steps_per_epoch,
-        config.data.batch_size,
+        plan.batch_size(),
         topology.world_size,
         plan.accumulate(),
         plan.global_batch_size(),

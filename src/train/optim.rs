@@ -31,7 +31,7 @@ struct Slot {
 }
 
 pub struct Optimizer {
-    config: OptimConfig,
+    settings: OptimConfig,
     slots: Vec<Slot>,
     /// Steps taken; Adam's bias correction depends on it.
     steps: u64,
@@ -40,7 +40,7 @@ pub struct Optimizer {
 impl Optimizer {
     pub fn new(config: &OptimConfig, params: Vec<(String, Tensor)>) -> Optimizer {
         let slots = params.into_iter().map(|(name, param)| Slot { name, param, state: Vec::new() }).collect();
-        Optimizer { config: config.clone(), slots, steps: 0 }
+        Optimizer { settings: config.clone(), slots, steps: 0 }
     }
 
     pub fn steps(&self) -> u64 {
@@ -57,7 +57,7 @@ impl Optimizer {
     pub fn step(&mut self, lr: f64) -> Result<(), OptimError> {
         self.steps += 1;
         let steps = self.steps;
-        let config = self.config.clone();
+        let config = self.settings.clone();
         // SGD's multipliers as 0-dim tensors, made once per step rather than once per parameter.
         let kind = self.slots.first().map_or(tch::Kind::Float, |slot| slot.param.kind());
         let scalar = |value: f64| Tensor::from(value).to_kind(kind);
@@ -83,8 +83,8 @@ impl Optimizer {
     }
 
     fn state_names(&self) -> &'static [&'static str] {
-        match self.config.name {
-            OptimKind::Sgd if self.config.momentum == 0.0 => &[],
+        match self.settings.name {
+            OptimKind::Sgd if self.settings.momentum == 0.0 => &[],
             OptimKind::Sgd => &["momentum_buffer"],
             OptimKind::Adam | OptimKind::Adamw => &["exp_avg", "exp_avg_sq"],
         }

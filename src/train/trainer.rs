@@ -96,14 +96,13 @@ impl<'a> Trainer<'a> {
         steps_per_epoch: u64,
         class_weights: Option<&[f64]>,
     ) -> Result<Trainer<'a>, TrainError> {
-        let config = &plan.config;
         let class_weights = class_weights.map(|weights| {
             Tensor::from_slice(weights).to_kind(tch::Kind::Float).to_device(plan.compute.device)
         });
         Ok(Trainer {
             plan,
-            optimizer: Optimizer::new(&config.optim, model.trainable()),
-            schedule: Schedule::new(&config.schedule, config.optim.lr, steps_per_epoch, config.train.epochs),
+            optimizer: Optimizer::new(plan.optim(), model.trainable()),
+            schedule: Schedule::new(plan.schedule(), plan.optim().lr, steps_per_epoch, plan.epochs()),
             sync: GradientSync::Local,
             classes: classes.to_vec(),
             steps_per_epoch,
@@ -114,10 +113,10 @@ impl<'a> Trainer<'a> {
             final_eval: None,
             stop_at_epoch_end: false,
             class_weights,
-            early_stopping: EarlyStopping::new(&config.train.early_stopping),
+            early_stopping: EarlyStopping::new(plan.early_stopping()),
             stopped_early: None,
             stop_snapshot: None,
-            config_hash: config.hash()?,
+            config_hash: plan.digest()?,
         })
     }
 
@@ -206,7 +205,7 @@ impl<'a> Trainer<'a> {
         let context = StepContext {
             model,
             compute: &self.plan.compute,
-            label_smoothing: self.plan.config.train.label_smoothing,
+            label_smoothing: self.plan.label_smoothing(),
             class_weights: self.class_weights.as_ref(),
             before_update: self.stop_snapshot.as_ref().map(|(snapshot, _)| snapshot),
         };
@@ -234,8 +233,8 @@ impl<'a> Trainer<'a> {
             }
             .into());
         }
-        let accumulate = self.plan.config.train.accumulate;
-        if meta.step_in_epoch > 0 && meta.accumulate != accumulate {
+        let accumulate = self.plan.accumulate();
+        if meta.step_in_epoch > 0 && u64::from(meta.accumulate) != accumulate {
             return Err(CheckpointError::Mismatch {
                 path: path.to_path_buf(),
                 found: format!("train.accumulate = {} after step {} of an epoch", meta.accumulate, meta.step_in_epoch),
@@ -258,7 +257,7 @@ impl<'a> Trainer<'a> {
         self.best_val_top1 = meta.best_val_top1;
         self.early_stopping.restore(meta.early_stopping.clone());
         // A checkpoint taken as early stopping ended the run: nothing is left to train.
-        if meta.step_in_epoch == 0 && meta.epoch < self.plan.config.train.epochs {
+        if meta.step_in_epoch == 0 && meta.epoch < self.plan.epochs() {
             self.stopped_early = self.early_stopping.stop_after(meta.epoch);
             if let Some(stop) = &self.stopped_early {
                 tracing::info!(
@@ -328,7 +327,7 @@ impl<'a> Trainer<'a> {
         let optimizer = self.optimizer.state_tensors();
         let when = format!("checkpoint at step {}", meta.global_step);
         check_finite(&when, tensors.iter().chain(&optimizer))?;
-        let keep_last = self.plan.config.checkpoint.keep_last;
+        let keep_last = self.plan.checkpoints().keep_last;
         let retention = |present: &[(u64, PathBuf)]| policy::retention(present, keep_last);
         let saved = out.save_checkpoint(&meta, tensors, optimizer, retention)?;
         if let (Some((snapshot, _)), Some(path)) = (&self.stop_snapshot, &saved) {
@@ -346,7 +345,7 @@ impl<'a> Trainer<'a> {
         step_in_epoch: u64,
         totals: EpochTotals,
     ) -> CheckpointMeta {
-        let config = &self.plan.config;
+        let plan = self.plan;
         CheckpointMeta {
             arch: model.arch,
             num_classes: model.num_classes,
@@ -355,16 +354,16 @@ impl<'a> Trainer<'a> {
             epoch,
             step_in_epoch,
             global_step: self.optimizer.steps(),
-            seed: config.run.seed,
-            image_size: Some(config.data.image_size),
-            preprocessing: Some(Preprocessing::of_config(config)),
+            seed: plan.seed(),
+            image_size: Some(plan.image_size()),
+            preprocessing: Some(Preprocessing::of_config(plan.recorded_config())),
             config_hash: self.config_hash.clone(),
             val_top1: self.last_val_top1,
             best_val_top1: self.best_val_top1,
             epoch_totals: totals,
             plateau: self.schedule.plateau_state(),
             early_stopping: self.early_stopping.state(),
-            accumulate: config.train.accumulate,
+            accumulate: u32::try_from(plan.accumulate()).unwrap_or(u32::MAX),
             rtrain_version: env!("CARGO_PKG_VERSION").to_string(),
         }
     }
@@ -380,7 +379,7 @@ impl<'a> Trainer<'a> {
         val: EvalReport,
         out: &mut RunDir,
     ) -> Result<(), TrainError> {
-        let config = &self.plan.config;
+        let epochs = self.plan.epochs();
         let samples = totals.samples.max(1) as f64;
         let record = EpochRecord {
             epoch,
@@ -399,7 +398,7 @@ impl<'a> Trainer<'a> {
         tracing::info!(
             "epoch {}/{}: train loss {:.4} acc {:.4} ({:.1} img/s) | val loss {:.4} top-1 {:.4} per class {:?}",
             epoch + 1,
-            config.train.epochs,
+            epochs,
             record.train_loss,
             record.train_accuracy,
             record.train_images_per_second,
@@ -426,7 +425,7 @@ impl<'a> Trainer<'a> {
         self.final_eval = Some(record.val.clone());
         // Patience running out after the last epoch is no early stop.
         let stop = self.early_stopping.after_evaluation(epoch, &record.val);
-        self.stopped_early = stop.filter(|_| epoch + 1 < config.train.epochs);
+        self.stopped_early = stop.filter(|_| epoch + 1 < epochs);
         out.log_epoch(record)?;
         self.last_val_top1 = Some(top1);
         let is_best = policy::is_best(self.best_val_top1, top1);
@@ -434,14 +433,9 @@ impl<'a> Trainer<'a> {
             self.best_val_top1 = Some(top1);
         }
         if let Some(stop) = &self.stopped_early {
-            tracing::info!(
-                "early stopping after epoch {} of {}: {}",
-                epoch + 1,
-                config.train.epochs,
-                stop.reason()
-            );
+            tracing::info!("early stopping after epoch {} of {}: {}", epoch + 1, epochs, stop.reason());
         }
-        let actions = policy::after_epoch(&config.checkpoint, epoch, config.train.epochs, is_best);
+        let actions = policy::after_epoch(self.plan.checkpoints(), epoch, epochs, is_best);
         // A stop at the epoch's end resumes from its checkpoint, whatever the policy says, and
         // the last epoch of an early stop is the run's last.
         if actions.save || self.stop_at_epoch_end || self.stopped_early.is_some() {
@@ -463,7 +457,7 @@ impl<'a> Trainer<'a> {
     /// Whether the run has a best checkpoint (`checkpoint.keep_best` and an evaluation done);
     /// equal on every rank.
     pub fn has_best_checkpoint(&self) -> bool {
-        self.plan.config.checkpoint.keep_best && self.best_val_top1.is_some()
+        self.plan.checkpoints().keep_best && self.best_val_top1.is_some()
     }
 
     /// What the final weights file says of the model.
@@ -473,8 +467,8 @@ impl<'a> Trainer<'a> {
             num_classes: model.num_classes,
             classes: self.classes.clone(),
             head_hidden: model.head_hidden.clone(),
-            image_size: Some(self.plan.config.data.image_size),
-            preprocessing: Some(Preprocessing::of_config(&self.plan.config)),
+            image_size: Some(self.plan.image_size()),
+            preprocessing: Some(Preprocessing::of_config(self.plan.recorded_config())),
             calibration: None,
             global_step: self.optimizer.steps(),
             rtrain_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -484,11 +478,11 @@ impl<'a> Trainer<'a> {
     /// What `summary.json` says of the run (the final weights' path and hash are the run
     /// directory's to fill in).
     pub fn summary(&self, data: &Splits, started: Instant, resumed_from: Option<PathBuf>) -> Summary {
-        let (config, topology) = (&self.plan.config, &self.plan.topology);
+        let topology = &self.plan.topology;
         Summary {
-            arch: config.model.arch.to_string(),
+            arch: self.plan.model().arch.to_string(),
             classes: self.classes.clone(),
-            epochs: config.train.epochs,
+            epochs: self.plan.epochs(),
             global_steps: self.optimizer.steps(),
             train_images: data.train.len(),
             val_images: data.val.len(),
