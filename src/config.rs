@@ -861,10 +861,14 @@ section! {
         /// The same limit before training runs, while one rank generates the built-in data,
         /// hashes the data files or a node stages them and the others wait: raise it for a
         /// data set that takes longer than 30 minutes to hash or copy.
-        setup_timeout_s: f64 = crate::cluster::watchdog::STARTUP_LIMIT.as_secs_f64(),
+        setup_timeout_s: f64 = DEFAULT_SETUP_TIMEOUT_S as f64,
             range closed(1.0, 604_800.0);
     }
 }
+
+/// `dist.setup_timeout_s`'s default, in seconds: also the collective watchdog's limit until a
+/// run's configuration sets it (here, not in `cluster`, which depends on this module).
+pub const DEFAULT_SETUP_TIMEOUT_S: u64 = 1800;
 
 section! {
     /// What global rank 0 writes while training, beside `metrics.jsonl`.

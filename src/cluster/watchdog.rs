@@ -35,7 +35,7 @@ const TICK: Duration = Duration::from_millis(250);
 
 /// The wait limit before the run's configuration says otherwise (set-up can include a long
 /// data hashing or staging on one rank while the others wait).
-pub const STARTUP_LIMIT: Duration = Duration::from_secs(1800);
+pub const STARTUP_LIMIT: Duration = Duration::from_secs(crate::config::DEFAULT_SETUP_TIMEOUT_S);
 
 static LIMIT_MS: AtomicU64 = AtomicU64::new(STARTUP_LIMIT.as_millis() as u64);
 static GLOBAL_STEP: AtomicU64 = AtomicU64::new(0);
