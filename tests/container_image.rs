@@ -33,7 +33,6 @@ use std::sync::{Mutex, OnceLock};
 
 const TAG: &str = "rtrain:test";
 const MPICH_TAG: &str = "rtrain:test-mpich";
-const UID1000_TAG: &str = "rtrain:test-uid1000";
 const SMOKE: &str = "/opt/rtrain/configs/smoke.toml";
 
 /// This tier needs a Docker engine: without one its tests fail, saying so.
@@ -482,33 +481,6 @@ fn two_ranks_in_one_container_and_two_containers_as_nodes_train_the_same_model()
     assert_eq!(epoch_losses(&one).len(), 1);
 }
 
-/// Ubuntu's images (and so NVIDIA's CUDA images on Ubuntu 24.04) already hold user `ubuntu`
-/// with uid 1000: the Containerfile must build on such a base and run as that uid.
-#[test]
-fn the_containerfile_builds_on_a_base_that_already_has_uid_1000() {
-    require_docker();
-    image(); // the debootstrap base
-    let context = tempfile::tempdir().unwrap();
-    std::fs::write(
-        context.path().join("Dockerfile"),
-        "FROM rtrain-base:bookworm\nRUN useradd --create-home --uid 1000 --user-group ubuntu\n",
-    )
-    .unwrap();
-    let base = docker(&["build", "-q", "-t", "rtrain-base:uid1000", &context.path().to_string_lossy()]);
-    common::assert_success(base, "a base with uid 1000 taken");
-    // The user logic is the same whatever the image bundles: the MPICH build with only the
-    // libraries it loads keeps this build a fraction of the CUDA bundle's (minutes on 2 cores).
-    let binary = binary_from("RTRAIN_MPICH_BINARY");
-    let binary = binary.to_string_lossy();
-    build(UID1000_TAG, &["--binary", &binary, "--mpi", "mpich", "--base", "rtrain-base:uid1000"]);
-    let who = docker(&["run", "--rm", "--entrypoint", "id", UID1000_TAG]);
-    let who = text(&common::assert_success(who, "id in the image").stdout);
-    assert!(who.starts_with("uid=1000(ubuntu)"), "{who}");
-    let version = docker(&["run", "--rm", UID1000_TAG, "--version"]);
-    assert!(text(&common::assert_success(version, "rtrain --version").stdout).starts_with("rtrain 0.1.0"));
-    let _ = docker(&["rmi", UID1000_TAG, "rtrain-base:uid1000"]);
-}
-
 /// The build context carries .git, so that a `docker build` from the checkout records the
 /// commit (build.rs) as a build from the checkout does.
 #[test]
@@ -526,14 +498,36 @@ fn the_build_context_carries_git_for_the_revision() {
     assert!(containerfile.contains("COPY . ."), "the build stage copies the whole context, .git included");
 }
 
-/// The bind model's image: Debian's MPICH (MPICH ABI) in place of Open MPI. It builds, a
-/// 2-rank job trains in it under MPICH's Hydra, and the MPI library bound over the image's
-/// (here the host's own MPICH, as a site binds its MVAPICH2 or Cray MPICH) is the one loaded.
+/// A base that already has uid 1000, as Ubuntu's images (and so NVIDIA's CUDA images on Ubuntu
+/// 24.04) hold user `ubuntu`: the Containerfile builds on it and runs as that uid.
+fn base_with_uid_1000() -> &'static str {
+    const BASE: &str = "rtrain-base:uid1000";
+    image(); // the debootstrap base
+    let context = tempfile::tempdir().unwrap();
+    std::fs::write(
+        context.path().join("Dockerfile"),
+        "FROM rtrain-base:bookworm\nRUN useradd --create-home --uid 1000 --user-group ubuntu\n",
+    )
+    .unwrap();
+    let base = docker(&["build", "-q", "-t", BASE, &context.path().to_string_lossy()]);
+    common::assert_success(base, "a base with uid 1000 taken");
+    BASE
+}
+
+/// The bind model's image: Debian's MPICH (MPICH ABI) in place of Open MPI, built on a base
+/// that already has uid 1000 (one build for both: the user logic is the same whatever MPI the
+/// image holds). It runs as that uid, a 2-rank job trains in it under MPICH's Hydra, and the
+/// MPI library bound over the image's (here the host's own MPICH, as a site binds its MVAPICH2
+/// or Cray MPICH) is the one loaded.
 #[test]
-fn the_mpich_image_trains_two_ranks_and_loads_the_mpi_bound_over_it() {
+fn the_mpich_image_on_a_base_with_uid_1000_trains_two_ranks_and_loads_the_mpi_bound_over_it() {
     require_docker();
+    let base = base_with_uid_1000();
     let binary = binary_from("RTRAIN_MPICH_BINARY");
-    build(MPICH_TAG, &["--binary", &binary.to_string_lossy(), "--mpi", "mpich"]);
+    build(MPICH_TAG, &["--binary", &binary.to_string_lossy(), "--mpi", "mpich", "--base", base]);
+    let who = docker(&["run", "--rm", "--entrypoint", "id", MPICH_TAG]);
+    let who = text(&common::assert_success(who, "id in the image").stdout);
+    assert!(who.starts_with("uid=1000(ubuntu)"), "{who}");
     let work = shared_dir();
     let mount = format!("{}:/work", work.path().display());
     // Bounded: MPICH 4.0's UCX hangs in MPI_Finalize under Docker with its TCP transport (the
@@ -575,5 +569,5 @@ fn the_mpich_image_trains_two_ranks_and_loads_the_mpi_bound_over_it() {
     let mpi_line = ldd.lines().find(|l| l.contains("libmpi")).unwrap_or_default();
     assert!(mpi_line.contains("=> /opt/hostmpi/"), "the host's MPI should win: {mpi_line}\n{ldd}");
     assert!(ldd.contains("libtorch_cpu.so => /opt/rtrain/bin/../lib/"), "{ldd}");
-    let _ = docker(&["rmi", MPICH_TAG]);
+    let _ = docker(&["rmi", MPICH_TAG, base]);
 }
