@@ -1,37 +1,25 @@
-//! Build glue: the C++ shim (`src/shim/shim.cpp`) compiled against libtorch, and binaries that
-//! find libtorch at run time without LD_LIBRARY_PATH.
+//! Build glue: binaries that find libtorch at run time without LD_LIBRARY_PATH, and rtrain's C
+//! shims. (The C++ bridge to libtorch is the `rtrain-shim` crate, crates/rtrain-shim, compiled
+//! once whatever rtrain's features: this script reruns whenever they change.)
 //!
 //! torch-sys (a direct dependency for this reason) announces the libtorch library directory
-//! through its `links` metadata; the headers sit beside it. We bake the directory into every
-//! binary's rpath. With the `mpi` feature, a one-line C file gives Rust the MPI library's
-//! `MPI_IN_PLACE`, which differs between implementations. `src/shim/jpeg_shim.c` wraps
-//! libjpeg-turbo, linked statically (Debian's `libjpeg62-turbo-dev` ships `libjpeg.a`) so that
-//! the binary, the container image and a GPU machine need no libjpeg of their own. A `cuda`
-//! build also forces `libtorch.so` to be linked: as-needed linking would otherwise drop
-//! `libtorch_cuda`, which no symbol references, and CUDA would silently report itself
-//! unavailable.
+//! through its `links` metadata. We bake the directory into every binary's rpath. With the `mpi`
+//! feature, a one-line C file gives Rust the MPI library's `MPI_IN_PLACE`, which differs between
+//! implementations. `src/shim/jpeg_shim.c` wraps libjpeg-turbo, linked statically (Debian's
+//! `libjpeg62-turbo-dev` ships `libjpeg.a`) so that the binary, the container image and a GPU
+//! machine need no libjpeg of their own. A `cuda` build also forces `libtorch.so` to be linked:
+//! as-needed linking would otherwise drop `libtorch_cuda`, which no symbol references, and CUDA
+//! would silently report itself unavailable.
 
 use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=src/shim/shim.cpp");
     println!("cargo:rerun-if-changed=src/shim/mpi_shim.c");
     println!("cargo:rerun-if-changed=src/shim/jpeg_shim.c");
     let lib_dir = PathBuf::from(
         std::env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys did not report its libtorch directory"),
     );
-    let include = lib_dir.parent().map(|p| p.join("include")).unwrap_or_default();
-    cc::Build::new()
-        .cpp(true)
-        .file("src/shim/shim.cpp")
-        .include(&include)
-        .include(include.join("torch/csrc/api/include"))
-        .flag("-std=c++17")
-        .define("_GLIBCXX_USE_CXX11_ABI", "1")
-        .warnings(false)
-        .compile("rtrain_shim");
-    // After the shim's static library, so that its references to libtorch resolve.
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");
