@@ -502,7 +502,12 @@ fn the_build_context_carries_git_for_the_revision() {
 /// 24.04) hold user `ubuntu`: the Containerfile builds on it and runs as that uid.
 fn base_with_uid_1000() -> &'static str {
     const BASE: &str = "rtrain-base:uid1000";
-    image(); // the debootstrap base
+    {
+        // The debootstrap base (made once, skipped when present), not the CUDA image built on it.
+        let _one_at_a_time = common::fixtures::container_build();
+        let output = Command::new(common::repo().join("scripts/container")).arg("base").output().unwrap();
+        common::assert_success(output, "scripts/container base");
+    }
     let context = tempfile::tempdir().unwrap();
     std::fs::write(
         context.path().join("Dockerfile"),
