@@ -250,6 +250,7 @@ impl PredictArgs {
             abstain: self.abstain,
             buildings: self.footprints.map(|footprints| self.building.request(footprints)),
         };
+        super::train::install_stop_signals()?;
         job::run_in_job(loaded, exit_code, |config, comm| {
             let plan = RunPlan::for_prediction(config, comm.topology())?;
             let ensemble = self.model.load(config, &explicit, &plan)?;

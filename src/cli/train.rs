@@ -13,7 +13,7 @@ use clap::Args;
 use super::exit::UsageError;
 use super::{exit_code, ConfigArgs};
 use crate::calibrate;
-use crate::cluster::{job, Communicator};
+use crate::cluster::{job, signals, Communicator};
 use crate::config::Config;
 use crate::inference::{Ensemble, Tta};
 use crate::plan::{Resume, RunPlan};
@@ -50,6 +50,7 @@ impl TrainArgs {
     }
 
     pub(super) fn run(self) -> Result<()> {
+        install_stop_signals()?;
         let loaded = self.config.load().map(|loaded| loaded.config);
         let resume = self.resume();
         job::run_in_job(loaded, exit_code, |config, comm| {
@@ -80,6 +81,7 @@ pub struct ReproduceArgs {
 
 impl ReproduceArgs {
     pub(super) fn run(self) -> Result<()> {
+        install_stop_signals()?;
         let original = Manifest::read(&self.run_dir);
         let loaded =
             original.as_ref().map_err(|e| anyhow!("{e}")).and_then(|m| recorded_config(m, &self.run_dir));
@@ -151,11 +153,18 @@ fn on_ranks(config: &Config, original: &Manifest, ranks: Option<u32>, world_size
     Ok(config)
 }
 
+/// Takes the stop signals from the command's start, before MPI starts and the configuration is
+/// read: a signal then is recorded, not fatal (`signals`).
+pub(super) fn install_stop_signals() -> Result<()> {
+    Ok(signals::install().map_err(TrainError::Signals)?)
+}
+
 /// A preempted run's error as [`crate::cluster::signals::Preempted`] itself, which the job
 /// layer recognises (its exit code, and no abort: every rank stops together).
 fn preempted_as_such(error: TrainError) -> anyhow::Error {
     match error {
         TrainError::Preempted(preempted) => anyhow::Error::new(preempted),
+        TrainError::StoppedDuringStartUp(stopped) => anyhow::Error::new(stopped),
         other => other.into(),
     }
 }

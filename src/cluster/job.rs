@@ -52,6 +52,7 @@ pub fn run_in_job(
     let algorithm = loaded.as_ref().map(|config| config.dist.allreduce).unwrap_or_default();
     let comm = super::init(algorithm)?;
     let topology = comm.topology().clone();
+    super::signals::joined(topology.world_size);
     if topology.world_size > 1 {
         tracing::info!("data-parallel job: {topology}");
     }

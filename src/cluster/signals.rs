@@ -12,25 +12,35 @@
 //!
 //! Before the work that polls for the request starts ([`arm`]), during start-up (listing,
 //! hashing and staging the data, reading weights), nothing would be lost by stopping and
-//! nothing polls: the first stop signal ends the process at once with [`PREEMPTED_EXIT_CODE`],
-//! rather than after minutes of hashing a large dataset.
+//! nothing polls. A process alone ([`joined`] a job of one) ends at the first stop signal with
+//! [`PREEMPTED_EXIT_CODE`], rather than after minutes of hashing a large dataset. The ranks of a
+//! job of several only record it and stop together at [`arm`], one all-reduce: a rank that left
+//! alone would take the others with it, since Open MPI aborts the job when a rank ends without
+//! finalising (under `srun` the others are SIGKILLed and `srun` returns 137, not 75, and the job
+//! script does not requeue), and a signal reaches the ranks at different points of start-up.
+//! The handlers are installed as the command starts ([`install`], before MPI), so that only the
+//! process's first instant (loading libtorch, about 0.2 s) dies of the signal itself.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+
+use super::Communicator;
 
 /// The exit code of a run stopped by a signal after saving its checkpoint: 75, BSD's
 /// EX_TEMPFAIL ("try again later"), which a job script can test before requeueing.
 pub const PREEMPTED_EXIT_CODE: u8 = 75;
 
-/// What a process stopped during start-up says on stderr before it exits with
-/// [`PREEMPTED_EXIT_CODE`].
-pub const STOPPED_DURING_START_UP: &str =
-    "error: stopped during start-up by a stop signal (SIGTERM, SIGINT or SIGUSR1): nothing to save yet; run it again\n";
+/// Why a start ended with [`PREEMPTED_EXIT_CODE`] and no checkpoint, as a process alone says it
+/// on stderr and as [`StoppedDuringStartUp`] says it in a job of several.
+const STOPPED_DURING_START_UP: &str =
+    "stopped during start-up by a stop signal (SIGTERM, SIGINT or SIGUSR1): nothing to save yet; run it again";
 
 /// The signals that ask for a clean stop.
 pub const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGUSR1];
 
 static RECEIVED: AtomicU32 = AtomicU32::new(0);
 static ARMED: AtomicBool = AtomicBool::new(false);
+/// The process is a job of one ([`joined`]): a stop before [`arm`] may end it at once.
+static ALONE: AtomicBool = AtomicBool::new(false);
 static FIRST_SIGNAL: AtomicI32 = AtomicI32::new(0);
 /// When the first stop signal arrived (CLOCK_MONOTONIC, nanoseconds).
 static FIRST_AT_NS: AtomicU64 = AtomicU64::new(0);
@@ -64,24 +74,39 @@ pub struct StoppedBySignal {
     pub what: String,
 }
 
-/// Whether a command's error is a clean stop after a stop signal ([`Preempted`] or
-/// [`StoppedBySignal`]): every rank stopped at the same point, so it is not one rank's failure,
-/// and the exit status says "try again" ([`PREEMPTED_EXIT_CODE`]).
+/// The ranks of a job agreed at [`arm`] to stop: a stop signal reached one of them during
+/// start-up, before any work worth saving.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", STOPPED_DURING_START_UP)]
+pub struct StoppedDuringStartUp;
+
+/// Whether a command's error is a clean stop after a stop signal ([`Preempted`],
+/// [`StoppedBySignal`] or [`StoppedDuringStartUp`]): every rank stopped at the same point, so it
+/// is not one rank's failure, and the exit status says "try again" ([`PREEMPTED_EXIT_CODE`]).
 pub fn is_clean_stop(error: &anyhow::Error) -> bool {
-    error.downcast_ref::<Preempted>().is_some() || error.downcast_ref::<StoppedBySignal>().is_some()
+    error.downcast_ref::<Preempted>().is_some()
+        || error.downcast_ref::<StoppedBySignal>().is_some()
+        || error.downcast_ref::<StoppedDuringStartUp>().is_some()
+}
+
+/// Says [`STOPPED_DURING_START_UP`] and ends the process with [`PREEMPTED_EXIT_CODE`], running
+/// nothing else; async-signal-safe.
+fn exit_stopped_during_start_up() -> ! {
+    // SAFETY: write(2) and _exit are async-signal-safe; the buffers are valid statics.
+    // Start-up work has nothing to save, and "try again" is the truth.
+    unsafe {
+        for said in ["error: ", STOPPED_DURING_START_UP, "\n"] {
+            libc::write(libc::STDERR_FILENO, said.as_ptr().cast(), said.len());
+        }
+        libc::_exit(libc::c_int::from(PREEMPTED_EXIT_CODE))
+    }
 }
 
 extern "C" fn on_stop_signal(signal: libc::c_int) {
     // Only async-signal-safe work here: atomics, and _exit for the second signal.
-    if !ARMED.load(Ordering::SeqCst) {
+    if ALONE.load(Ordering::SeqCst) && !ARMED.load(Ordering::SeqCst) {
         // Said, so that a log shows why this start ended with 75 and no checkpoint.
-        let said = STOPPED_DURING_START_UP.as_bytes();
-        // SAFETY: write(2) and _exit are async-signal-safe; `said` is a valid static buffer.
-        // Start-up work has nothing to save, and "try again" is the truth.
-        unsafe {
-            libc::write(libc::STDERR_FILENO, said.as_ptr().cast(), said.len());
-            libc::_exit(libc::c_int::from(PREEMPTED_EXIT_CODE))
-        };
+        exit_stopped_during_start_up();
     }
     let now = monotonic_ns();
     if RECEIVED.fetch_add(1, Ordering::SeqCst) > 0 {
@@ -130,10 +155,32 @@ pub fn install() -> std::io::Result<()> {
     Ok(())
 }
 
-/// Start-up is over: from now on the first stop signal is only recorded, for the work that
-/// polls [`requested`] to stop at its next step.
-pub fn arm() {
+/// The process knows its job's size: alone, a stop signal before [`arm`] ends it at once, and
+/// one that came before this call (while MPI started) ends it now.
+pub fn joined(world_size: usize) {
+    if world_size == 1 {
+        ALONE.store(true, Ordering::SeqCst);
+        if requested().is_some() && !ARMED.load(Ordering::SeqCst) {
+            exit_stopped_during_start_up();
+        }
+    }
+}
+
+/// Start-up is over: from now on a stop signal is only recorded, for the work that polls
+/// [`requested`] to stop at its next step. In a job of several ranks, first a collective: the
+/// ranks agree whether one of them received a stop signal during start-up, and all stop if so.
+pub fn arm(comm: &dyn Communicator) -> Result<(), StoppedDuringStartUp> {
+    if comm.topology().world_size > 1 {
+        let mut stops = [f64::from(u8::from(requested().is_some()))];
+        comm.all_reduce_sum_f64(&mut stops);
+        if stops[0] > 0.0 {
+            return Err(StoppedDuringStartUp);
+        }
+    }
+    // A signal from here on (on this rank or a slower one) is recorded, and the first step's
+    // agreement stops every rank.
     ARMED.store(true, Ordering::SeqCst);
+    Ok(())
 }
 
 /// The first stop signal this process received, if any.

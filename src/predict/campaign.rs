@@ -248,7 +248,7 @@ pub fn run(
     let (done, todo): (Vec<usize>, Vec<usize>) =
         mine.into_iter().partition(|&p| is_done(&parts_dir, p, &inputs, key.part_size));
     let classifier = Classifier { ensemble, plan, top };
-    signals::arm();
+    signals::arm(comm.as_ref())?;
     let classified = classifier.parts(&inputs, &todo, key.part_size, &parts_dir, request.on_bad_image)?;
     let stopped = classified.is_none() || signals::requested().is_some();
     // The one collective after the work: did any rank stop, and how much was done.

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::cluster::signals;
+use crate::cluster::{self, signals};
 use crate::report::evaluation::{self, Evaluated};
 use crate::report::runs::{self, RunData, RunReportError, SeedStatistics};
 use crate::run_dir::manifest::{self, Manifest, ManifestError};
@@ -191,7 +191,8 @@ impl Bundle {
 /// `out` removes.
 pub fn publish(runs: &[PathBuf], out: &Path, authorship: Authorship) -> Result<Bundle, PublishError> {
     signals::install().map_err(PublishError::Signals)?;
-    signals::arm();
+    signals::joined(1);
+    signals::arm(cluster::single().as_ref()).expect("a job of one agrees with itself");
     check_out(out)?;
     let parent = match out.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),

@@ -32,7 +32,7 @@ use tch::{Device, Kind};
 
 use crate::cluster::grad_sync::{choose_reducer, GradSync, GradSyncError};
 use crate::cluster::nccl::NcclLibrary;
-use crate::cluster::signals::{self, Preempted};
+use crate::cluster::signals::{self, Preempted, StoppedDuringStartUp};
 use crate::cluster::watchdog;
 use crate::cluster::{self, Communicator, DistError};
 use crate::data::dataset::{self as dataset, DataError, Dataset};
@@ -101,6 +101,9 @@ pub enum TrainError {
     /// Every rank stopped at the same step after a stop signal, with a checkpoint written.
     #[error(transparent)]
     Preempted(Preempted),
+    /// The ranks agreed to stop before the first step: a stop signal reached one of them.
+    #[error(transparent)]
+    StoppedDuringStartUp(StoppedDuringStartUp),
     #[error("cannot install the handlers of the stop signals (SIGTERM, SIGINT, SIGUSR1): {0}")]
     Signals(std::io::Error),
     #[error("cannot start the thread that saves the stop checkpoint: {0}")]
@@ -151,7 +154,7 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     trainer.join_gradient_sync(join_gradient_sync(plan, &model, comm)?);
     log_start(plan, &data, &sampler, steps_per_epoch, out.paths());
     trainer.keep_stop_snapshot(&out)?;
-    signals::arm();
+    signals::arm(comm.as_ref()).map_err(TrainError::StoppedDuringStartUp)?;
     for epoch in position.epoch..plan.last_epoch {
         if trainer.stopped_early().is_some() {
             break;
