@@ -177,6 +177,7 @@ fn part_path(parts_dir: &Path, part: usize) -> PathBuf {
 }
 
 /// Runs this rank's share of the job; rank 0 returns the directory the outputs were merged into.
+/// The caller has installed the stop-signal handlers (`signals::install`, before MPI starts).
 pub fn run(
     plan: &RunPlan,
     comm: Arc<dyn Communicator>,
@@ -184,7 +185,6 @@ pub fn run(
     request: &Request,
 ) -> Result<Option<PathBuf>> {
     let started = Instant::now();
-    signals::install().context("installing the stop-signal handlers")?;
     let topology = comm.topology().clone();
     // Footprints first: a bad file ends the job before a photo is classified.
     let setup = match topology.is_root() {

@@ -191,7 +191,6 @@ impl Bundle {
 /// `out` removes.
 pub fn publish(runs: &[PathBuf], out: &Path, authorship: Authorship) -> Result<Bundle, PublishError> {
     signals::install().map_err(PublishError::Signals)?;
-    signals::joined(1);
     signals::arm(cluster::single().as_ref()).expect("a job of one agrees with itself");
     check_out(out)?;
     let parent = match out.parent() {

@@ -118,10 +118,10 @@ pub struct Trained {
 }
 
 /// Trains as `plan` says into the run directory at `paths`; a finished run resumed is left as
-/// it is and its summary returned ([`finished_already`]). Every rank calls it.
+/// it is and its summary returned ([`finished_already`]). Every rank calls it, with the
+/// stop-signal handlers installed (`signals::install`, before MPI starts).
 pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Result<Trained, TrainError> {
     let (started, started_at) = (Instant::now(), manifest::now());
-    signals::install().map_err(TrainError::Signals)?;
     let data = Splits::open(plan)?;
     let (model, starting_weights) = build_model(plan, &data)?;
     broadcast_weights(comm.as_ref(), &model);
