@@ -357,16 +357,16 @@ fn job_output(workdir: &Path, job: &str) -> String {
 }
 
 /// The README's training job, requeued until done: preempted by Slurm's own `--signal=USR1@N`
-/// at its first time-limit check, and, as a second job, by `scancel --signal=USR1` (the script
-/// requeues it), then by a plain `scancel` (SIGTERM to tasks and script: cancelled, not
-/// requeued) and submitted again. Both end with the weights of one uninterrupted `srun` run.
+/// and, as a second job, by `scancel --signal=USR1` (the script requeues it), then by a plain
+/// `scancel` (SIGTERM to tasks and script: cancelled, not requeued) and submitted again. Both
+/// end with the weights of one uninterrupted `srun` run. The jobs' steps are lengthened by
+/// sleeping (`RTRAIN_TEST_STEP_DELAY_MS`), so that how often a job is stopped depends on
+/// Slurm's clock, not on this machine's speed, and waiting costs the other tests no CPU.
 #[test]
 fn the_readmes_job_preempted_by_slurm_and_by_scancel_ends_as_an_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path();
-    // About 35 s uninterrupted here (2 ranks, AVX-512 with bf16), longer than the 0-30 s until
-    // Slurm's first warning.
-    let config = job_config(work, 12);
+    let config = job_config(work, 3);
     let slurm = Slurm::up(work, 8);
     let config_arg = config.to_string_lossy().to_string();
 
@@ -375,45 +375,44 @@ fn the_readmes_job_preempted_by_slurm_and_by_scancel_ends_as_an_uninterrupted_ru
     let straight = slurm.srun_train(work, &config, "runs/straight");
     eprintln!("uninterrupted srun -n 2: {:.1} s", started.elapsed().as_secs_f64());
     assert_eq!(straight["world_size"], 2);
+    let steps = last_step(&work.join("runs/straight")).expect("the uninterrupted run's steps");
 
     let readme = readme_job("--time=02:00:00");
-    let one_node = |signal: &str| {
+    let one_node = |minutes: &str, signal: &str| {
         substitute(
             &readme,
             &[
                 (
                     "--nodes=2 --ntasks-per-node=4 --gpus-per-node=4 --time=02:00:00",
-                    "--nodes=1 --ntasks-per-node=2 --time=1",
+                    &format!("--nodes=1 --ntasks-per-node=2 --time={minutes}"),
                 ),
                 ("--signal=USR1@120", signal),
                 ("configs/designsafe.toml", &config_arg),
             ],
         )
     };
-    let work_env = [("WORK", work.to_str().unwrap())];
+    let work_dir = work.to_string_lossy().to_string();
 
     // Slurm's warning comes at the first 30 s check with at most N + 30 s left: with a time
-    // limit of one minute and N = 30, at the first check, 0-30 s into each start.
+    // limit of two minutes and N = 30, 60-90 s into each start. Steps that take 100 s in all
+    // cannot end within the first start (so the warning stops the job at least once), and a
+    // few starts finish them (each trains for 60 s or more, less its start-up).
     let started = Instant::now();
+    let slow_steps = (100_000 / steps + 1).to_string();
     let by_slurm = slurm.sbatch(
         &reporting_each_start(&substitute(
-            &one_node("--signal=USR1@30"),
+            &one_node("2", "--signal=USR1@30"),
             &[("runs/damage", "runs/by-slurm")],
         )),
         work,
-        &work_env,
+        &[("WORK", &work_dir), ("RTRAIN_TEST_STEP_DELAY_MS", &slow_steps)],
     );
 
     // The second job is stopped by hand: a warning to the tasks (requeued by the script), then
-    // scancel's SIGTERM to tasks and script (cancelled), then submitted again.
-    let by_hand_script = substitute(
-        &one_node("--signal=USR1@30"),
-        &[
-            ("--signal=USR1@30", "--signal=USR1@1"),
-            ("--time=1", "--time=30"),
-            ("runs/damage", "runs/by-hand"),
-        ],
-    );
+    // scancel's SIGTERM to tasks and script (cancelled), then submitted again. Steps of 2 s
+    // leave the test the time to see each stop before the job has ended.
+    let by_hand_script = substitute(&one_node("30", "--signal=USR1@1"), &[("runs/damage", "runs/by-hand")]);
+    let work_env = [("WORK", work_dir.as_str()), ("RTRAIN_TEST_STEP_DELAY_MS", "2000")];
     let by_hand = slurm.sbatch(&by_hand_script, work, &work_env);
     let by_hand_run = work.join("runs/by-hand");
     slurm.wait_until("the second job trains", Duration::from_secs(120), || last_step(&by_hand_run).is_some());
@@ -449,7 +448,7 @@ fn the_readmes_job_preempted_by_slurm_and_by_scancel_ends_as_an_uninterrupted_ru
     let stopped = stops(&log);
     assert!(
         !stopped.is_empty(),
-        "Slurm's warning never stopped the job (it should come 0-30 s into a 1-minute job):\n{log}"
+        "Slurm's warning never stopped the job (it should come 60-90 s into a 2-minute job):\n{log}"
     );
     // The job-completion log records each requeue as the job going back to PENDING: one per
     // start that ended with 75, whether it stopped at a step with a checkpoint or during its
@@ -562,11 +561,13 @@ fn job_at_its_time_limit(work: &Path, env: &[(&str, &str)]) -> (Vec<(String, Str
 
 /// A job that reaches its time limit with no `--signal`: Slurm's SIGTERM, SIGTERM again a few
 /// milliseconds later, then SIGKILL after KillWait. The pair is one request: a checkpoint and
-/// exit 75 in time (rtrain exited 143 with nothing saved before it counted them as one).
+/// exit 75 in time (rtrain exited 143 with nothing saved before it counted them as one). Steps
+/// of 1 s (`RTRAIN_TEST_STEP_DELAY_MS`), shorter than KillWait, so that the step in flight ends
+/// before the checkpoint, and the minute until the limit is spent sleeping, not computing.
 #[test]
 fn a_job_at_its_time_limit_without_a_warning_still_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, log) = job_at_its_time_limit(dir.path(), &[]);
+    let (_, log) = job_at_its_time_limit(dir.path(), &[("RTRAIN_TEST_STEP_DELAY_MS", "1000")]);
     assert!(log.contains("task 0: Exited with exit code 75"), "{log}");
     assert_eq!(stops(&log).len(), 1, "one stop, with its checkpoint:\n{log}");
 }

@@ -51,16 +51,18 @@ fn epoch_losses(run_dir: &Path) -> Vec<f64> {
         .collect()
 }
 
-/// Real photos (a Fashion-MNIST subset): the model learns (top-1 >= 0.75) in fp32, and bf16
-/// autocast with channels-last reaches the same accuracy within 0.03 along a close loss curve.
-/// Two thirds of the documented subset for 3 of its 4 epochs: on a CPU without native bf16
-/// (AVX2), autocast emulates it at a quarter of fp32's speed, and this test was CI's longest.
-/// Measured there (AVX2 kernels): top-1 0.788 fp32, 0.799 bf16; epoch losses within 7%.
+/// Real photos (a Fashion-MNIST subset): the model learns (top-1 >= 0.70, chance is 0.10) in
+/// fp32, and bf16 autocast with channels-last reaches the same accuracy within 0.03 along a
+/// close loss curve. A third of the documented subset for 3 of its 4 epochs: on a CPU without
+/// native bf16 (AVX2), autocast emulates it at a quarter of fp32's speed, and this test was
+/// CI's longest. Measured there (AVX2 kernels, seeds 1, 2, 3): top-1 0.762, 0.750, 0.735 in
+/// fp32 and 0.762, 0.741, 0.750 in bf16, epoch losses within 3.5%; with AVX-512 and native
+/// bf16 (seed 0): 0.733 fp32, 0.739 bf16.
 #[cfg(feature = "test-reference")]
 #[test]
 fn fashion_mnist_subset_learns_in_fp32_and_bf16_alike() {
     let dir = tempfile::tempdir().unwrap();
-    let data = common::fashion_mnist_subset(dir.path(), 2000);
+    let data = common::fashion_mnist_subset(dir.path(), 1000);
     let mut results = Vec::new();
     for (precision, channels_last) in [("fp32", "false"), ("bf16", "true")] {
         let run = dir.path().join(precision);
@@ -90,7 +92,7 @@ fn fashion_mnist_subset_learns_in_fp32_and_bf16_alike() {
         results.push((top1, epoch_losses(&run)));
     }
     let (fp32, bf16) = (&results[0], &results[1]);
-    assert!(fp32.0 >= 0.75, "fp32 validation top-1 {} < 0.75", fp32.0);
+    assert!(fp32.0 >= 0.70, "fp32 validation top-1 {} < 0.70", fp32.0);
     assert!((fp32.0 - bf16.0).abs() <= 0.03, "top-1 fp32 {} vs bf16 {}", fp32.0, bf16.0);
     assert_eq!(fp32.1.len(), 3);
     for (epoch, (a, b)) in fp32.1.iter().zip(&bf16.1).enumerate() {
