@@ -75,26 +75,14 @@ fn image_binary_args() -> Vec<String> {
     vec!["--binary".into(), cuda_binary().display().to_string(), "--all-libs".into()]
 }
 
-/// The image users get, built once for all tests in this file, or before they start:
-/// scripts/test builds it from the CUDA build with every wheel library, as here, while the
-/// test binaries compile, and names it in `RTRAIN_CUDA_IMAGE` (a build here would hold every
-/// test thread that waits for it).
+/// The image users get, built once for all tests in this file.
 fn image() -> &'static str {
-    static BUILT: OnceLock<String> = OnceLock::new();
+    static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
-        if let Ok(tag) = std::env::var("RTRAIN_CUDA_IMAGE") {
-            let inspect = docker(&["image", "inspect", "--format", "{{.Id}}", &tag]);
-            assert!(
-                inspect.status.success(),
-                "RTRAIN_CUDA_IMAGE={tag}: no such image\n{}",
-                text(&inspect.stderr)
-            );
-            return tag;
-        }
         let args = image_binary_args();
         build(TAG, &args.iter().map(String::as_str).collect::<Vec<_>>());
-        TAG.to_string()
-    })
+    });
+    TAG
 }
 
 fn docker(args: &[&str]) -> Output {
