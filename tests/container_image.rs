@@ -56,9 +56,10 @@ fn cuda_binary() -> PathBuf {
     BINARY.get_or_init(|| binary_from("RTRAIN_CUDA_BINARY")).clone()
 }
 
-/// Builds with `scripts/container build`, one at a time: they share target/container.
-fn build(tag: &str, args: &[&str]) {
-    let _one_at_a_time = common::fixtures::container_build();
+/// Builds with `scripts/container build`, one at a time: they share target/container. The lock
+/// comes back still held, for a caller that reads what the build left there.
+fn build(tag: &str, args: &[&str]) -> common::fixtures::ContainerBuild {
+    let one_at_a_time = common::fixtures::container_build();
     let output = Command::new(common::repo().join("scripts/container"))
         .arg("build")
         .args(args)
@@ -68,6 +69,7 @@ fn build(tag: &str, args: &[&str]) {
     let output = common::assert_success(output, &format!("scripts/container build {args:?}"));
     // Image size and build time, for the record.
     eprint!("{}", String::from_utf8_lossy(&output.stderr));
+    one_at_a_time
 }
 
 /// The arguments that bundle the image's binary: the CUDA build with every wheel library.
@@ -77,12 +79,26 @@ fn image_binary_args() -> Vec<String> {
 
 /// The image users get, built once for all tests in this file.
 fn image() -> &'static str {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let args = image_binary_args();
-        build(TAG, &args.iter().map(String::as_str).collect::<Vec<_>>());
-    });
+    bundle_rpaths();
     TAG
+}
+
+/// The RPATH (or RUNPATH) of every library bundled into [`image`], read from target/container
+/// right after its build, before another build (another test's, another process's) rewrites it.
+fn bundle_rpaths() -> &'static [(PathBuf, String)] {
+    static RPATHS: OnceLock<Vec<(PathBuf, String)>> = OnceLock::new();
+    RPATHS.get_or_init(|| {
+        let args = image_binary_args();
+        let _bundle_unchanged = build(TAG, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        let bundle = common::repo().join("target/container/lib");
+        let mut rpaths = Vec::new();
+        for entry in std::fs::read_dir(&bundle).unwrap() {
+            let path = entry.unwrap().path();
+            let rpath = Command::new("patchelf").arg("--print-rpath").arg(&path).output().unwrap();
+            rpaths.push((path, text(&rpath.stdout).trim().to_string()));
+        }
+        rpaths
+    })
 }
 
 fn docker(args: &[&str]) -> Output {
@@ -171,11 +187,7 @@ fn the_binary_and_every_bundled_library_find_their_libraries_without_ld_library_
 
     // No library of the bundle searches the working directory: an empty RPATH/RUNPATH entry
     // (libcusparseLt's wheel ships `$ORIGIN:`) would load a libcuda.so.1 planted in /work.
-    let bundle = common::repo().join("target/container/lib");
-    for entry in std::fs::read_dir(&bundle).unwrap() {
-        let path = entry.unwrap().path();
-        let rpath = Command::new("patchelf").arg("--print-rpath").arg(&path).output().unwrap();
-        let rpath = text(&rpath.stdout).trim().to_string();
+    for (path, rpath) in bundle_rpaths() {
         if !rpath.is_empty() {
             assert!(
                 !rpath.split(':').any(str::is_empty),

@@ -68,7 +68,9 @@ pub fn minimum_driver(cuda_major: i32) -> Option<u32> {
 /// What this process finds of CUDA, each layer on its own.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CudaStack {
-    /// Whether this rtrain links libtorch's CUDA part (the `cuda` feature).
+    /// Whether this rtrain links libtorch's CUDA part (the `cuda` feature): `libtorch_cuda.so`
+    /// is loaded. Read from the process, not the feature, so that a binary linked with the
+    /// feature's link arguments but compiled without it (scripts/test) reports what it is.
     pub built: bool,
     /// The CUDA runtime libtorch was built with (the `libcudart.so.*` its libraries link; the
     /// CUDA wheels' libtorch_cpu links it too, so a CPU build on them reports it as well); None
@@ -196,7 +198,7 @@ impl CudaStack {
     pub fn probe(probe: &Probe) -> CudaStack {
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
         CudaStack {
-            built: cfg!(feature = "cuda"),
+            built: loaded_library(&maps, "libtorch_cuda.so").is_some(),
             runtime: loaded_library(&maps, "libcudart.so").and_then(|path| runtime_version(&path)),
             driver: driver_version(probe),
             driver_cuda: driver_cuda_version(),

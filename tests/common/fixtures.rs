@@ -5,7 +5,7 @@
 //! checks training itself, or changes its data or run, trains its own.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::OnceLock;
 
 /// A synthetic tree (4 classes, 2 training and 2 validation photos each, 32 pixels), made on
 /// first use under Cargo's scratch directory for integration tests (replaced on each test run):
@@ -59,9 +59,20 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// Held while `scripts/container build` runs: every build writes target/container, so two at
-/// once (the Docker tier's image, the Slurm tier's) would mix their files.
-pub fn container_build() -> MutexGuard<'static, ()> {
-    static BUILDING: Mutex<()> = Mutex::new(());
-    BUILDING.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+/// Held while `scripts/container build` runs, and while a test reads what it left in
+/// target/container: every build writes there, so two at once (the Docker tier's image, the
+/// Slurm tier's) would mix their files. A lock on a file, not a mutex, because scripts/test
+/// runs the Docker tier in a process of its own beside the other tests.
+pub struct ContainerBuild {
+    _locked: std::fs::File,
+}
+
+/// Waits for [`ContainerBuild`], the lock on the container builds.
+pub fn container_build() -> ContainerBuild {
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("container-build.lock");
+    let file = std::fs::File::create(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+    // SAFETY: flock on a descriptor this function owns; released when ContainerBuild drops it.
+    let locked = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) };
+    assert_eq!(locked, 0, "flock {}: {}", path.display(), std::io::Error::last_os_error());
+    ContainerBuild { _locked: file }
 }
