@@ -21,15 +21,22 @@ pub fn doc(path: &str) -> String {
 
 /// The Python with PyTorch and torchvision that `scripts/setup --test` installs. The reference
 /// tests need it: without it they fail and say how to get it, rather than silently passing.
+/// Checked once per test process: importing torch and torchvision costs 3 CPU-seconds, and a
+/// check before each of the suite's eighty reference runs cost CI four minutes of CPU.
 pub fn python() -> PathBuf {
-    let python = repo().join(".deps/venv/bin/python");
-    let ok = Command::new(&python)
-        .args(["-c", "import torch, torchvision, safetensors"])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(ok, "the Python reference (torch, torchvision) is missing: run scripts/setup --test");
-    python
+    static CHECKED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    CHECKED
+        .get_or_init(|| {
+            let python = repo().join(".deps/venv/bin/python");
+            let ok = Command::new(&python)
+                .args(["-c", "import torch, torchvision, safetensors"])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            assert!(ok, "the Python reference (torch, torchvision) is missing: run scripts/setup --test");
+            python
+        })
+        .clone()
 }
 
 /// Runs a reference script with arguments; panics with its output if it fails.
