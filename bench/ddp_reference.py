@@ -4,9 +4,11 @@ horizontal flip, ImageNet normalisation), DistributedSampler, SGD (momentum 0.9,
 5e-4), DistributedDataParallel over gloo -- the seed tutorial's recipe. Launched by mpirun like
 rtrain (rank and world from Open MPI's variables; rank 0's address in MASTER_ADDR).
 
-Writes RUN_DIR/summary.json and RUN_DIR/metrics.jsonl (epoch records with `seconds` and
-`train_images_per_second`) from rank 0, in the shape `rtrain report --scaling` reads, so both
-frameworks' runs go through the same report.
+Writes RUN_DIR/summary.json and RUN_DIR/metrics.jsonl (epoch records with `seconds`,
+`train_images_per_second` and `phases`) from rank 0, in the shape `rtrain report --scaling`
+reads, so both frameworks' runs go through the same report. The phases are host clocks around
+the loader, forward, backward and the optimizer step; DDP waits for its last all-reduce inside
+backward, so its exposed communication is part of `backward` (`comm_wait` stays 0).
 
 Usage (under mpirun): python ddp_reference.py --data DIR --run-dir DIR [--epochs 3]
     [--max-steps-per-epoch 15] [--batch-size 32] [--image-size 64] [--threads 1] [--workers 0]
@@ -21,6 +23,31 @@ import torch
 import torch.distributed as dist
 import torchvision
 from torchvision import transforms
+
+
+PHASES = ["data", "copy", "forward", "backward", "comm_wait", "optimizer", "other"]
+
+
+def stat(values):
+    ordered = sorted(values)
+    n = len(ordered)
+    median = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    top = max(range(n), key=lambda r: (values[r], -r))
+    return {"rank0": values[0], "min": ordered[0], "median": median, "max": values[top], "max_rank": top}
+
+
+def phase_report(per_rank, steps):
+    """rtrain's phase report (metrics.jsonl) from each rank's seconds per step by phase."""
+    report = {name: stat([r[i] for r in per_rank]) for i, name in enumerate(PHASES)}
+    step = [sum(r) for r in per_rank]
+    report["step"] = stat(step)
+    report["busy"] = stat(step)
+    report["allreduce"] = stat([0.0 for _ in per_rank])
+    slowest = report["busy"]["max_rank"]
+    others = [b for r, b in enumerate(step) if r != slowest]
+    report.update(steps=steps, slowest_rank=slowest, exposed_comm=0.0,
+                  waiting_for_slowest=max(0.0, step[slowest] - stat(others)["median"]) if others else 0.0)
+    return report
 
 
 def main():
@@ -77,16 +104,30 @@ def main():
         started = time.perf_counter()
         images_seen = 0
         loss_sum = 0.0
-        for step, (images, labels) in enumerate(loader):
+        sums = dict.fromkeys(PHASES, 0.0)
+        steps = 0
+        batches = iter(loader)
+        lap = time.perf_counter()
+        for step in range(len(loader)):
             if args.max_steps_per_epoch and step >= args.max_steps_per_epoch:
                 break
+            images, labels = next(batches)
+            lap = timed(sums, "data", lap)
             optimizer.zero_grad()
             loss = loss_fn(model(images), labels)
+            loss_value = loss.item()
+            lap = timed(sums, "forward", lap)
             loss.backward()
+            lap = timed(sums, "backward", lap)
             optimizer.step()
+            lap = timed(sums, "optimizer", lap)
             images_seen += images.shape[0]
-            loss_sum += loss.item() * images.shape[0]
+            loss_sum += loss_value * images.shape[0]
+            steps += 1
+            lap = timed(sums, "other", lap)
         seconds = time.perf_counter() - started
+        per_rank = [None] * world
+        dist.all_gather_object(per_rank, [sums[p] / max(steps, 1) for p in PHASES])
         totals = torch.tensor([images_seen, loss_sum, seconds], dtype=torch.float64)
         dist.all_reduce(totals)
         record = {
@@ -95,6 +136,7 @@ def main():
             "train_loss": totals[1].item() / max(totals[0].item(), 1),
             "seconds": totals[2].item() / world,
             "train_images_per_second": totals[0].item() / (totals[2].item() / world),
+            "phases": phase_report(per_rank, steps),
         }
         records.append(record)
         if rank == 0:
@@ -112,6 +154,12 @@ def main():
     # Every rank leaves together; no destroy_process_group: rank 0 hosts the rendezvous store,
     # and a peer still tearing down after rank 0 exits waits for it for ever.
     dist.barrier()
+
+
+def timed(sums, phase, since):
+    now = time.perf_counter()
+    sums[phase] += now - since
+    return now
 
 
 if __name__ == "__main__":

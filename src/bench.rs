@@ -36,8 +36,10 @@ use crate::model::precision::{self, Compute};
 use crate::model::{Arch, Model, ModelError};
 use crate::plan::{self, set_threads};
 use crate::train::optim::{OptimError, Optimizer};
+use crate::train::phases::PhaseClock;
 use crate::train::step::{train_step, GradientSync, MicroBatch, StepContext, StepError};
 use crate::util::shim::ShimError;
+use crate::util::stats::median;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -180,16 +182,6 @@ pub struct StepBenchResult {
     pub gflops: f64,
 }
 
-pub fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    match sorted.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => sorted[n / 2],
-        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
-    }
-}
-
 /// The optimizer `bench step` and `bench agree` step with: bench/step_reference.py's SGD
 /// (momentum 0.9, weight decay 5e-4), whatever the training default is.
 fn reference_optimizer() -> OptimConfig {
@@ -219,7 +211,7 @@ pub fn bench_step(options: &StepBench) -> Result<StepBenchResult, BenchError> {
     let mut step_seconds = Vec::with_capacity(options.steps);
     for i in 0..options.warmup + options.steps {
         let started = Instant::now();
-        train_step(&context, &mut optimizer, &mut GradientSync::Local, &batch, 0.01)?;
+        train_step(&context, &mut optimizer, &mut GradientSync::Local, &batch, 0.01, &mut PhaseClock::new())?;
         synchronize(device);
         if i >= options.warmup {
             step_seconds.push(started.elapsed().as_secs_f64());
@@ -318,7 +310,14 @@ pub fn bench_agree(
             before_update: None,
         };
         let batch = [MicroBatch { images: &images, labels: &labels }];
-        let step = train_step(&context, &mut optimizer, &mut GradientSync::Local, &batch, 0.01)?;
+        let step = train_step(
+            &context,
+            &mut optimizer,
+            &mut GradientSync::Local,
+            &batch,
+            0.01,
+            &mut PhaseClock::new(),
+        )?;
         let weights = model
             .trainable()
             .into_iter()
@@ -663,13 +662,6 @@ mod tests {
         assert!(bf16.logits_max_abs_difference > 1e-3, "{bf16:?}");
         assert!(bf16.loss_relative_difference > 1e-5 && bf16.loss_relative_difference < 0.05, "{bf16:?}");
         assert!(bf16.update_relative_difference > 1e-3 && bf16.update_relative_difference < 0.5, "{bf16:?}");
-    }
-
-    #[test]
-    fn median_of_odd_and_even() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
-        assert!(median(&[]).is_nan());
     }
 }
 

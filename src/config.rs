@@ -402,7 +402,7 @@ toml_types! {
     "float": f64;
     "boolean": bool;
     "string": String, Arch, PrecisionSetting, DeviceSetting, UnevenTail, AllreduceAlgorithm,
-        GradCompression, AugmentPolicy, TrainGeometry, EvalGeometry, SamplerKind, BadSample,
+        GradCompression, AugmentPolicy, TrainGeometry, EvalGeometry, SamplerKind, BadSample, DataSource,
         OptimKind, ScheduleKind, PlateauMode, ThresholdMode, StopMetric, StopMode;
     "path": PathBuf;
     "integer or \"auto\"": Workers;
@@ -574,6 +574,11 @@ section! {
         /// shard directory from `rtrain data prepare` (it has a shards.json). The default holds
         /// the built-in synthetic damage-level set, generated on first use.
         root: PathBuf = PathBuf::from(DEFAULT_DATA_ROOT);
+        /// What training steps read: `images` (the training split, decoded and augmented) or
+        /// `synthetic` (one batch of random tensors of the configured shape made once on the
+        /// device, no decode: Horovod's synthetic benchmark, to see what the input pipeline
+        /// costs). Evaluation always reads the validation split.
+        source: DataSource = DataSource::Images;
         /// Node-local directory (e.g. /tmp/rtrain) to copy shards to before training: local
         /// rank 0 of each node copies what is missing and verifies it, the other ranks wait.
         /// Unset: read `root` in place.
@@ -876,6 +881,16 @@ section! {
         /// TensorBoard event files in `RUN_DIR/tensorboard/`, written live as `metrics.jsonl`
         /// is.
         tensorboard: bool = true;
+        /// Record this many training steps, from the first step report on (after warm-up), as
+        /// a trace in the format PyTorch's profiler writes (Kineto's Chrome trace JSON, one
+        /// `RUN_DIR/trace/rank<R>.pt.trace.json` per rank, up to 100000 spans each): every
+        /// phase of the steps, each gradient bucket's all-reduce, each batch's decode. Opens
+        /// in Perfetto, chrome://tracing and Holistic Trace Analysis. 0: no trace.
+        trace_steps: u64 = 0, range closed(0.0, 100_000.0);
+        /// A rank whose own work per step (its step without waiting for the others) exceeds
+        /// the median rank's by more than this fraction is named a straggler in the log and in
+        /// `metrics.jsonl`.
+        straggler_threshold: f64 = 0.1, range closed(0.0, 100.0);
     }
 }
 
@@ -929,6 +944,14 @@ pub enum EvalGeometry {
 pub enum SamplerKind {
     Shuffle,
     Balanced,
+}
+
+/// `data.source`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataSource {
+    Images,
+    Synthetic,
 }
 
 /// `data.on_bad_sample`.

@@ -22,5 +22,6 @@ pub mod predict;
 pub mod publish;
 pub mod report;
 pub mod run_dir;
+pub mod trace;
 pub mod train;
 pub mod util;

@@ -210,6 +210,21 @@ impl RunPlan {
         self.config.train.log_every_steps
     }
 
+    /// `log.trace_steps`: steps in the step trace (0: none).
+    pub fn trace_steps(&self) -> u64 {
+        self.config.log.trace_steps
+    }
+
+    /// `log.straggler_threshold`.
+    pub fn straggler_threshold(&self) -> f64 {
+        self.config.log.straggler_threshold
+    }
+
+    /// Whether training steps read synthetic tensors (`data.source = "synthetic"`).
+    pub fn synthetic_input(&self) -> bool {
+        self.config.data.source == crate::config::DataSource::Synthetic
+    }
+
     /// The loss's class weights as configured, `train.class_weights`.
     pub fn class_weights(&self) -> &ClassWeights {
         &self.config.train.class_weights

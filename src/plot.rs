@@ -233,6 +233,91 @@ fn draw_scaling<DB: DrawingBackend>(
     area.present().map_err(err)
 }
 
+/// One stacked bar: its label and its segments (name, value) from the bottom up.
+pub struct StackedBar {
+    pub label: String,
+    pub segments: Vec<(String, f64)>,
+}
+
+/// Stacked bars side by side (e.g. each world size's step split into phases), one colour per
+/// segment name, written as `<stem>.svg` and `<stem>.png`; returns both paths.
+pub fn stacked_bars(
+    stem: &Path,
+    title: &str,
+    y: &str,
+    bars: &[StackedBar],
+) -> Result<(PathBuf, PathBuf), PlotError> {
+    let (svg, png) = outputs(stem)?;
+    let (mut svg_text, mut pixels) = (String::new(), pixel_buffer());
+    draw_stacked_bars(SVGBackend::with_string(&mut svg_text, SIZE).into_drawing_area(), title, y, bars)
+        .map_err(failed(&svg))?;
+    draw_stacked_bars(BitMapBackend::with_buffer(&mut pixels, SIZE).into_drawing_area(), title, y, bars)
+        .map_err(failed(&png))?;
+    write_chart(&svg, &svg_text, &png, pixels)?;
+    Ok((svg, png))
+}
+
+fn draw_stacked_bars<DB: DrawingBackend>(
+    area: DrawingArea<DB, Shift>,
+    title: &str,
+    y: &str,
+    bars: &[StackedBar],
+) -> Result<(), String> {
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    area.fill(&WHITE).map_err(err)?;
+    let top = bars.iter().map(|b| b.segments.iter().map(|s| s.1.max(0.0)).sum::<f64>()).fold(1e-9, f64::max);
+    let mut names: Vec<&str> = Vec::new();
+    for (name, _) in bars.iter().flat_map(|b| &b.segments) {
+        if !names.contains(&name.as_str()) {
+            names.push(name);
+        }
+    }
+    let count = bars.len().max(1) as f64;
+    let mut chart = ChartBuilder::on(&area)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0.0..count, 0.0..top * 1.3)
+        .map_err(err)?;
+    let labels: Vec<String> = bars.iter().map(|b| b.label.clone()).collect();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(bars.len() * 2 + 1)
+        .x_label_formatter(&|x| {
+            let index = x.floor() as usize;
+            match (x - x.floor() - 0.5).abs() < 0.01 {
+                true => labels.get(index).cloned().unwrap_or_default(),
+                false => String::new(),
+            }
+        })
+        .y_desc(y)
+        .draw()
+        .map_err(err)?;
+    for (k, name) in names.iter().enumerate() {
+        let color = Palette99::pick(k).to_rgba();
+        let rects: Vec<Rectangle<(f64, f64)>> = bars
+            .iter()
+            .enumerate()
+            .filter_map(|(i, bar)| {
+                let at = bar.segments.iter().position(|(n, _)| n == name)?;
+                let below: f64 = bar.segments[..at].iter().map(|s| s.1.max(0.0)).sum();
+                let value = bar.segments[at].1.max(0.0);
+                let x = i as f64;
+                Some(Rectangle::new([(x + 0.2, below), (x + 0.8, below + value)], color.filled()))
+            })
+            .collect();
+        chart
+            .draw_series(rects)
+            .map_err(err)?
+            .label(*name)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    }
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight).map_err(err)?;
+    area.present().map_err(err)
+}
+
 /// The legend's sample of a series: a short line in its style.
 fn legend_swatch(style: ShapeStyle) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
     move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style)

@@ -45,6 +45,8 @@ mod reproducibility;
 mod seed_stats;
 #[cfg(feature = "test-slurm")]
 mod slurm;
+#[cfg(all(feature = "test-mpi", feature = "test-reference"))]
+mod step_phases;
 #[cfg(feature = "test-reference")]
 mod tensorboard;
 #[cfg(feature = "test-reference")]

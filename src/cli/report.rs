@@ -9,7 +9,7 @@ use clap::Args;
 
 use super::print;
 use crate::publish::{self, Authorship};
-use crate::report::{self, runs::RunData, scaling};
+use crate::report::{self, projection, runs::RunData, scaling};
 use crate::run_dir::manifest;
 use crate::run_dir::RunPaths;
 use crate::util::files;
@@ -17,7 +17,8 @@ use crate::util::files;
 #[derive(Debug, Args)]
 pub struct ReportArgs {
     /// How training scales: time per epoch, img/s, speed-up and efficiency against the run
-    /// with the fewest ranks (printed; no report directory).
+    /// with the fewest ranks, and why: each run's phases, the lost efficiency by cause, the
+    /// straggler, a projection to more ranks (printed; no report directory).
     #[arg(long)]
     pub scaling: bool,
     /// Run directories (each with metrics.jsonl; manifest.json and summary.json where present).
@@ -27,9 +28,14 @@ pub struct ReportArgs {
     /// ./report for several).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// --scaling: also write the plot (SVG) here.
+    /// --scaling: also write the plot (SVG) here, and the phases of each run's step as stacked
+    /// bars beside it (`<plot stem>-phases.svg` and `.png`).
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// --scaling: the bandwidth of the links between nodes in Gbit/s, for the projection to
+    /// more nodes (default: as measured in the largest run with several ranks).
+    #[arg(long, value_name = "GBIT_PER_S")]
+    pub link_gbit: Option<f64>,
     /// --scaling: print JSON.
     #[arg(long)]
     pub json: bool,
@@ -75,13 +81,32 @@ impl ReportArgs {
 
     fn print_scaling(&self) -> Result<()> {
         let rows = scaling::scaling(&self.runs)?;
+        if let Some(gbit) = self.link_gbit.filter(|g| !(g.is_finite() && *g > 0.0)) {
+            bail!("--link-gbit {gbit}: the bandwidth must be a positive number of Gbit/s");
+        }
+        let projection = projection::project(&rows, self.link_gbit);
         match self.json {
             true => println!("{}", serde_json::to_string_pretty(&rows)?),
-            false => print!("{}", scaling::table(&rows)),
+            false => {
+                print!("{}", scaling::table(&rows));
+                println!();
+                print!("{}", scaling::breakdown_table(&rows));
+                println!();
+                match &projection {
+                    Some(projection) => print!("{}", projection::describe(projection)),
+                    None => println!("Projection: needs phase timings and a bandwidth (--link-gbit, or a run with several ranks)."),
+                }
+            }
         }
         if let Some(plot) = &self.plot {
             files::write_atomic(plot, scaling::svg(&rows)?.as_bytes())?;
             eprintln!("plot: {}", plot.display());
+            let stem = plot.with_extension("");
+            let stem = PathBuf::from(format!("{}-phases", stem.display()));
+            let projected = projection.as_ref().map(projection::bars).unwrap_or_default();
+            if let Some((svg, png)) = scaling::phase_bars(&stem, &rows, projected)? {
+                eprintln!("phases: {} and {}", svg.display(), png.display());
+            }
         }
         Ok(())
     }

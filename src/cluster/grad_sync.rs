@@ -22,6 +22,7 @@
 
 use std::collections::BTreeSet;
 use std::os::raw::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -211,6 +212,8 @@ pub struct GradSync {
     flag: Tensor,
     /// Whether any rank raised the flag in the last step `finish` completed.
     stop_agreed: bool,
+    /// Nanoseconds the communication thread has spent in all-reduces.
+    busy_nanos: Arc<AtomicU64>,
 }
 
 impl GradSync {
@@ -236,9 +239,13 @@ impl GradSync {
         let (jobs, job_queue) = mpsc::channel::<BucketToReduce>();
         let (done_sender, done) = mpsc::channel();
         let worker_comm = comm.clone();
+        let busy_nanos = Arc::new(AtomicU64::new(0));
+        let worker_busy = Arc::clone(&busy_nanos);
         let worker = std::thread::Builder::new()
             .name("rtrain-allreduce".to_string())
-            .spawn(move || communicate(worker_comm.as_ref(), &reducer, job_queue, done_sender, poll, wire))
+            .spawn(move || {
+                communicate(worker_comm.as_ref(), &reducer, job_queue, done_sender, poll, wire, &worker_busy);
+            })
             .map_err(|_| GradSyncError::ThreadGone)?;
         let plan = HookState {
             bucket_of: vec![0; params.len()],
@@ -266,6 +273,7 @@ impl GradSync {
             worker: Some(worker),
             flag: Tensor::zeros([1], (Kind::Float, tch::Device::Cpu)),
             stop_agreed: false,
+            busy_nanos,
         };
         let initial: Vec<usize> = (0..sync.params.len()).rev().collect();
         sync.install(&initial)?;
@@ -309,6 +317,12 @@ impl GradSync {
     /// Asks every rank to stop after this step: call after [`Self::zero_grad`], before backward.
     pub fn raise_stop_flag(&mut self) {
         let _ = self.flag.fill_(1.0);
+    }
+
+    /// Seconds the communication thread has spent in all-reduces so far (overlapping backward
+    /// or waited for after it).
+    pub fn allreduce_seconds(&self) -> f64 {
+        self.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9
     }
 
     /// Whether any rank raised the stop flag in the step [`Self::finish`] last completed; the
@@ -458,6 +472,7 @@ fn communicate(
     done: Sender<usize>,
     poll: std::time::Duration,
     wire: Option<Wire>,
+    busy_nanos: &AtomicU64,
 ) {
     let mut scratch = Vec::new();
     if let Reducer::Nccl(nccl) = reducer {
@@ -481,7 +496,20 @@ fn communicate(
                 }
             }
         }
-        tracing::trace!("bucket {} all-reduced in {:?}", job.bucket, started.elapsed());
+        let finished = std::time::Instant::now();
+        let took = finished.duration_since(started);
+        busy_nanos.fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        if crate::trace::recording() {
+            let elements = job.flat.numel();
+            let bytes = elements * wire.map_or(4, |_| 2);
+            let args = serde_json::json!({
+                "bucket": job.bucket, "elements": elements, "bytes": bytes,
+                "wire": wire.map_or("fp32".to_string(), |w| format!("{w:?}").to_lowercase()),
+            });
+            let name = format!("all-reduce bucket {}", job.bucket);
+            crate::trace::span(name, crate::trace::CPU_OP, started, finished, Some(args));
+        }
+        tracing::trace!("bucket {} all-reduced in {took:?}", job.bucket);
         if done.send(job.bucket).is_err() {
             break;
         }

@@ -36,6 +36,18 @@ pub struct Batch {
     pub skipped: Vec<SkippedSample>,
 }
 
+impl Batch {
+    /// The same tensors (no copy) and indices; the skipped samples are not carried.
+    pub fn shallow_clone(&self) -> Batch {
+        Batch {
+            images: self.images.shallow_clone(),
+            labels: self.labels.shallow_clone(),
+            indices: self.indices.clone(),
+            skipped: Vec::new(),
+        }
+    }
+}
+
 /// A sample a batch left out, and why.
 #[derive(Debug)]
 pub struct SkippedSample {
@@ -117,6 +129,18 @@ struct Batcher {
 impl Batcher {
     /// Builds batch `k`, or returns `Ok(None)` if `cancel` was raised part-way.
     fn build(&self, k: usize, cancel: &AtomicBool) -> Result<Option<Batch>, DataError> {
+        let began = std::time::Instant::now();
+        let batch = self.build_untraced(k, cancel);
+        if let (true, Ok(Some(batch))) = (crate::trace::recording(), &batch) {
+            let args = serde_json::json!({"batch": k, "images": batch.indices.len(), "skipped": batch.skipped.len()});
+            let name = format!("decode batch {k}");
+            crate::trace::span(name, crate::trace::CPU_OP, began, std::time::Instant::now(), Some(args));
+        }
+        batch
+    }
+
+    /// [`Self::build`] without its span in the step trace.
+    fn build_untraced(&self, k: usize, cancel: &AtomicBool) -> Result<Option<Batch>, DataError> {
         let start = k * self.batch_size;
         let end = (start + self.batch_size).min(self.order.len());
         let indices = self.order[start..end].to_vec();

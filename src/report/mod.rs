@@ -4,6 +4,7 @@
 
 pub mod evaluation;
 pub mod gallery;
+pub mod projection;
 pub mod runs;
 pub mod scaling;
 pub mod seeds;

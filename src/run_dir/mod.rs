@@ -50,6 +50,8 @@ const STEP_CHECKPOINT_PREFIX: &str = "step-";
 const CHECKPOINT_SUFFIX: &str = ".safetensors";
 const REPORT_DIR: &str = "report";
 const EVALUATION_DIR: &str = "evaluation";
+/// The step traces (`log.trace_steps`), one file per rank.
+const TRACE_DIR: &str = "trace";
 const TENSORBOARD_DIR: &str = "tensorboard";
 const LOCK_FILE: &str = ".rtrain.lock";
 
@@ -183,6 +185,12 @@ impl RunPaths {
     /// `rtrain eval --out` writes it (metrics, per-image results, figures).
     pub fn evaluation(&self) -> PathBuf {
         self.root.join(EVALUATION_DIR)
+    }
+
+    /// Rank `rank`'s step trace (`log.trace_steps`), named as PyTorch's profiler names its
+    /// traces so that Holistic Trace Analysis and Perfetto find them.
+    pub fn trace(&self, rank: usize) -> PathBuf {
+        self.root.join(TRACE_DIR).join(format!("rank{rank}.pt.trace.json"))
     }
 
     fn lock(&self) -> PathBuf {
@@ -337,6 +345,7 @@ impl RunDir {
         delete_named(&self.paths.checkpoints(), is_checkpoint_name)?;
         delete_named(&self.paths.evaluation(), |name| EVALUATION_FILES.contains(&name))?;
         delete_named(&self.paths.tensorboard(), tensorboard::is_event_file)?;
+        delete_named(&self.paths.root().join(TRACE_DIR), |name| name.ends_with(".pt.trace.json"))?;
         Ok(())
     }
 
@@ -507,6 +516,25 @@ impl RunDir {
         }
         tracing::debug!("checkpoint {}", path.display());
         Ok(Some(path))
+    }
+
+    /// Writes every rank's step trace (`traces[rank]`, Kineto JSON) atomically under `trace/`;
+    /// returns the bytes written.
+    pub fn write_traces(&mut self, traces: &[Vec<u8>]) -> Result<u64, RunDirError> {
+        if self.writer.is_none() {
+            return Ok(0);
+        }
+        let mut bytes = 0;
+        for (rank, trace) in traces.iter().enumerate() {
+            let path = self.paths.trace(rank);
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)
+                    .map_err(|source| RunDirError::Io { path: dir.to_path_buf(), source })?;
+            }
+            files::write_atomic(&path, trace)?;
+            bytes += trace.len() as u64;
+        }
+        Ok(bytes)
     }
 
     /// Copies a step checkpoint to `best.safetensors` and records it in the manifest.

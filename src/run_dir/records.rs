@@ -40,6 +40,13 @@ pub struct StepRecord {
     pub accuracy: f64,
     pub lr: f64,
     pub images_per_second: f64,
+    /// Wall seconds of the steps since the last report, on rank 0: from the end of the step
+    /// before them to the end of the last (what their phases add up to).
+    pub seconds: f64,
+    /// Where the steps since the last report went, on every rank (absent before it was
+    /// recorded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phases: Option<PhaseReport>,
 }
 
 /// A finished epoch: its training sums over all ranks and the evaluation after it.
@@ -56,6 +63,94 @@ pub struct EpochRecord {
     /// Undecodable training samples skipped this epoch (all ranks).
     pub skipped_samples: u64,
     pub val: EvalReport,
+    /// Where the epoch's training steps went, on every rank.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phases: Option<PhaseReport>,
+    /// The evaluation after the epoch, on rank 0's clock.
+    pub eval_seconds: f64,
+}
+
+/// Where the training steps' time went, on every rank: each phase in seconds per step
+/// ([`crate::train::phases`] measures them). A rank's phases add up to its steps' wall time.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PhaseReport {
+    /// Steps the figures cover on each rank.
+    pub steps: u64,
+    /// Waiting for the loader's next batch.
+    pub data: PhaseStat,
+    /// Moving the batch to the device and into the run's memory format.
+    pub copy: PhaseStat,
+    /// Forward pass and loss (and reading the loss back).
+    pub forward: PhaseStat,
+    /// Backward pass (the all-reduce of finished buckets runs beside it).
+    pub backward: PhaseStat,
+    /// Waiting for the gradient all-reduce after backward: communication not hidden behind
+    /// backward, and waiting for slower ranks.
+    pub comm_wait: PhaseStat,
+    /// The optimizer step.
+    pub optimizer: PhaseStat,
+    /// Between steps: logging, stop snapshots, mid-epoch checkpoints.
+    pub other: PhaseStat,
+    /// The whole step (the sum of the phases above).
+    pub step: PhaseStat,
+    /// The step without `comm_wait`: the rank's own work, what makes a rank a straggler.
+    pub busy: PhaseStat,
+    /// The communication thread's time in the gradient all-reduces (overlapping backward),
+    /// per step.
+    pub allreduce: PhaseStat,
+    /// The rank with the largest `busy`, and its node.
+    pub slowest_rank: usize,
+    pub slowest_node: String,
+    /// The slowest rank's `comm_wait`: nobody keeps it waiting, so this is communication that
+    /// backward did not hide.
+    pub exposed_comm: f64,
+    /// The slowest rank's `busy` beyond the median of the others': what every other rank waits
+    /// for it each step.
+    pub waiting_for_slowest: f64,
+    /// Set when the slowest rank's `busy` exceeds the other ranks' median by more than
+    /// `log.straggler_threshold`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub straggler: Option<Straggler>,
+}
+
+/// One phase over the ranks, in seconds per step.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PhaseStat {
+    pub rank0: f64,
+    pub min: f64,
+    pub median: f64,
+    pub max: f64,
+    /// The rank with the largest value.
+    pub max_rank: usize,
+}
+
+/// A rank markedly slower than the others at its own work, and the phase that makes it so.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Straggler {
+    pub rank: usize,
+    pub node: String,
+    /// Its `busy` seconds per step, and the other ranks' median.
+    pub busy: f64,
+    pub median_busy: f64,
+    /// The phase it spends the most time in beyond the other ranks, with both values (its own
+    /// and the others' median).
+    pub phase: String,
+    pub phase_seconds: f64,
+    pub phase_median: f64,
+}
+
+impl Straggler {
+    /// The log's line, e.g. "rank 3 on node c123-004: step 0.410 s vs median 0.300 s; its data
+    /// wait is 0.100 s (median 0.000 s)".
+    pub fn describe(&self) -> String {
+        format!(
+            "rank {} on node {}: step {:.3} s vs the others' median {:.3} s, without waiting in the all-reduce; its {} is {:.3} s (others {:.3} s)",
+            self.rank, self.node, self.busy, self.median_busy, self.phase, self.phase_seconds, self.phase_median
+        )
+    }
 }
 
 /// Reads every record of a `metrics.jsonl`, in order; a line that is not a record is an error
@@ -126,6 +221,14 @@ pub struct Summary {
     pub resumed_from: Option<PathBuf>,
     /// Set when `train.early_stopping` ended the run before `train.epochs`.
     pub stopped_early: Option<EarlyStop>,
+    /// Where the training steps of this process went, over all its epochs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phases: Option<PhaseReport>,
+    /// Evaluation after each epoch and epoch checkpoints, in all, on rank 0's clock.
+    pub eval_seconds: f64,
+    pub checkpoint_seconds: f64,
+    /// Bytes of gradient each rank sends into the all-reduce per step (on the wire).
+    pub gradient_bytes: u64,
 }
 
 /// Why early stopping ended a run, and when.
@@ -284,6 +387,7 @@ mod tests {
                 accuracy: 0.0,
                 lr: 0.1,
                 images_per_second: 1.0,
+                ..StepRecord::default()
             };
             log.append(&MetricsRecord::Step(step)).unwrap();
             if global_step == 3 {

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::phases::{self, Phase, PhaseTiming};
 use super::progress::{StepDone, StepReporter};
 use super::step::MicroBatch;
 use super::trainer::{EpochStart, Trainer};
@@ -18,11 +19,12 @@ use crate::data::sampler::Sampler;
 use crate::model::Model;
 use crate::run_dir::checkpoint::EpochTotals;
 use crate::run_dir::RunDir;
+use crate::trace::TraceSource;
 
 /// Trains epoch `epoch` from step `start.batch` on (with `start.totals`, the sums of the steps
-/// before it, when resumed) on the samples `sampler` chooses from `dataset`; returns this
-/// rank's sums of the epoch. Every rank calls it (each step is a collective, and so are the
-/// step reports and checkpoints).
+/// before it, when resumed) on the samples `sampler` chooses from `dataset`, timing each step's
+/// phases into `timing`; returns this rank's sums of the epoch. Every rank calls it (each step
+/// is a collective, and so are the step reports, checkpoints and the step trace).
 #[allow(clippy::too_many_arguments)]
 pub fn train_epoch(
     trainer: &mut Trainer<'_>,
@@ -33,15 +35,22 @@ pub fn train_epoch(
     out: &mut RunDir,
     start: EpochStart,
     epoch: u32,
+    timing: &mut PhaseTiming,
 ) -> Result<EpochTotals, TrainError> {
     let mut totals = start.totals;
     let plan = trainer.plan();
     let steps_per_epoch = trainer.steps_per_epoch();
-    let order = plan.rank_order(sampler, epoch);
-    let batches = plan.epoch_batches(epoch, steps_per_epoch, start.batch);
-    let mut loader =
-        Loader::new(dataset.clone(), order, plan.train_transform(), batches, plan.train_loader());
+    let mut loader = match plan.synthetic_input() {
+        true => None,
+        false => {
+            let order = plan.rank_order(sampler, epoch);
+            let batches = plan.epoch_batches(epoch, steps_per_epoch, start.batch);
+            Some(Loader::new(dataset.clone(), order, plan.train_transform(), batches, plan.train_loader()))
+        }
+    };
+    let synthetic = plan.synthetic_input().then(|| synthetic_batch(trainer, dataset.classes().len()));
     let accumulate = plan.accumulate();
+    let rank = plan.topology.rank;
     let mut reporter = StepReporter::new(
         epoch,
         plan.epochs(),
@@ -53,17 +62,23 @@ pub fn train_epoch(
     // Training time includes waiting for the loader (what an epoch costs), not logging and
     // checkpoints.
     let mut mark = Instant::now();
+    timing.start_epoch();
     // The loader yields the plan's batches of the epoch, from the resumed step's on.
     for step_in_epoch in start.batch + 1..=steps_per_epoch {
-        let Some(step_batches) = next_step(&mut loader, accumulate, step_in_epoch, dataset, &mut totals)?
-        else {
-            break;
+        phases::slow_data_for_tests(rank, trainer.steps());
+        let step_batches = match (&mut loader, &synthetic) {
+            (Some(loader), _) => next_step(loader, accumulate, step_in_epoch, dataset, &mut totals)?,
+            (None, Some(batch)) => Some((0..accumulate).map(|_| batch.shallow_clone()).collect()),
+            (None, None) => None,
         };
+        let Some(step_batches) = step_batches else { break };
+        timing.clock.lap(Phase::Data);
         let micro_batches: Vec<MicroBatch<'_>> =
             step_batches.iter().map(|b| MicroBatch { images: &b.images, labels: &b.labels }).collect();
         let lr = trainer.lr();
         watchdog::set_phase("a training step", trainer.steps() + 1);
-        let output = trainer.step(model, &micro_batches)?;
+        let output = trainer.step(model, &micro_batches, &mut timing.clock)?;
+        timing.end_step(trainer.steps(), trainer.allreduce_seconds());
         let samples = output.samples;
         totals.loss_sum += output.loss * samples as f64;
         totals.correct += output.correct;
@@ -78,7 +93,7 @@ pub fn train_epoch(
             correct: output.correct,
             samples,
         };
-        reporter.after_step(&done, comm, out)?;
+        reporter.after_step(&done, comm, out, timing)?;
         if output.stop && step_in_epoch == steps_per_epoch {
             // The epoch's own checkpoint, after its evaluation, is where to resume.
             trainer.stop_at_epoch_end();
@@ -89,10 +104,61 @@ pub fn train_epoch(
             trainer.checkpoint_mid_epoch(model, comm, out, epoch, step_in_epoch, &totals)?;
         }
         trainer.offer_stop_snapshot(model, epoch, step_in_epoch, &totals)?;
+        if timing.trace_complete() {
+            write_step_trace(timing, comm, out)?;
+        }
+        // Reporting, checkpoints and the snapshot are the next step's `other`.
+        timing.clock.lap(Phase::Other);
         mark = Instant::now();
     }
     reporter.finish();
     Ok(totals)
+}
+
+/// `data.source = "synthetic"`: one batch of random images (standard normal, as normalised
+/// pixels are) and labels, made once on the training device from the run's seed and the rank,
+/// and trained on at every step: the steps without any input pipeline, as Horovod's synthetic
+/// benchmark.
+fn synthetic_batch(trainer: &Trainer<'_>, classes: usize) -> Batch {
+    let plan = trainer.plan();
+    let device = plan.compute.device;
+    let side = i64::from(plan.image_size());
+    let batch = i64::try_from(plan.batch_size()).unwrap_or(1);
+    let seed = plan.seed().wrapping_add(plan.topology.rank as u64);
+    tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
+    let images = tch::Tensor::randn([batch, 3, side, side], (tch::Kind::Float, device));
+    let labels = tch::Tensor::randint(classes.max(1) as i64, [batch], (tch::Kind::Int64, device));
+    Batch { images, labels, indices: (0..plan.batch_size()).collect(), skipped: Vec::new() }
+}
+
+/// Ends the step trace and writes it: every rank's Kineto JSON gathered to rank 0, which writes
+/// `trace/rank<R>.pt.trace.json` for each. A collective.
+pub fn write_step_trace(
+    timing: &mut PhaseTiming,
+    comm: &dyn Communicator,
+    out: &mut RunDir,
+) -> Result<(), TrainError> {
+    let Some((trace, steps)) = timing.finish_trace() else { return Ok(()) };
+    let topology = comm.topology();
+    let node = crate::cluster::hostname();
+    let backend = "mpi";
+    let source = TraceSource { rank: topology.rank, world_size: topology.world_size, node: &node, backend };
+    let json = trace.kineto_bytes(&source);
+    let traces = comm.all_gather_bytes(&json);
+    let bytes = out.write_traces(&traces)?;
+    if out.writes() {
+        let dropped = match trace.dropped {
+            0 => String::new(),
+            n => format!(" ({n} spans past the cap of {} per rank left out)", crate::trace::MAX_EVENTS),
+        };
+        tracing::info!(
+            "step trace of {steps} steps: {} ({:.2} MB for {} ranks){dropped}; open in https://ui.perfetto.dev or Holistic Trace Analysis",
+            out.paths().trace(0).parent().unwrap_or(out.paths().root()).display(),
+            bytes as f64 / 1e6,
+            traces.len()
+        );
+    }
+    Ok(())
 }
 
 /// The `accumulate` batches of step `step_in_epoch` from the loader (None when it has no more),

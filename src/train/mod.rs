@@ -18,6 +18,7 @@ pub mod early_stop;
 pub mod epoch;
 pub mod eval;
 pub mod optim;
+pub mod phases;
 pub mod policy;
 pub mod progress;
 pub mod step;
@@ -47,6 +48,7 @@ use crate::run_dir::records::Summary;
 use crate::run_dir::{RunDir, RunDirError, RunPaths};
 use crate::util::files::{self, FileError};
 use crate::util::shim::ShimError;
+use phases::PhaseTiming;
 use step::{GradientSync, StepError};
 use trainer::{Position, Trainer};
 
@@ -132,6 +134,7 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
     let mut trainer = Trainer::new(plan, &model, data.classes(), steps_per_epoch, loss_weights.as_deref())?;
     let hosts = cluster::gather_strings(comm.as_ref(), &plan.topology.host);
     watchdog::set_hosts(hosts.clone());
+    let mut timing = PhaseTiming::new(hosts.clone(), plan.straggler_threshold(), plan.trace_steps());
     let mut out = RunDir::open(paths, plan.topology.is_root())?;
     if plan.resume == Resume::Overwrite {
         out.delete_previous_run()?;
@@ -161,21 +164,38 @@ pub fn run(plan: &RunPlan, comm: &Arc<dyn Communicator>, paths: RunPaths) -> Res
         }
         let start = position.within(epoch, plan.topology.is_root());
         let (train, comm) = (&data.train, comm.as_ref());
-        let totals = epoch::train_epoch(&mut trainer, &model, train, &sampler, comm, &mut out, start, epoch)?;
+        let totals = epoch::train_epoch(
+            &mut trainer,
+            &model,
+            train,
+            &sampler,
+            comm,
+            &mut out,
+            start,
+            epoch,
+            &mut timing,
+        )?;
         let totals = reduce_totals(comm, &totals);
+        let phases = timing.epoch_report(comm);
         sync_buffers(comm, &model);
         watchdog::set_phase("evaluation", trainer.steps());
+        let eval_started = Instant::now();
         let val = eval::evaluate_split(&model, &data.val, plan, comm)?;
+        let eval_seconds = eval_started.elapsed().as_secs_f64();
         watchdog::set_phase("checkpoint", trainer.steps());
-        trainer.finish_epoch(&model, epoch, &totals, val, &mut out)?;
+        trainer.finish_epoch(&model, epoch, &totals, val, (phases, eval_seconds), &mut out)?;
         let last = epoch + 1 == plan.last_epoch || trainer.stopped_early().is_some();
         if trainer.stops_at_epoch_end() && !last {
             return Err(stopped_at_epoch_end(comm, &trainer, &out));
         }
     }
+    // A trace the run was too short to complete.
+    epoch::write_step_trace(&mut timing, comm.as_ref(), &mut out)?;
     sync_buffers(comm.as_ref(), &model);
     check_replicas_agree(comm.as_ref(), &model)?;
     let mut summary = trainer.summary(&data, started, resume_from);
+    summary.phases = Some(timing.run_report(comm.as_ref()));
+    summary.gradient_bytes = gradient_bytes(plan, &model);
     let best_evaluation = evaluate_best(plan, &data, comm.as_ref(), &out, &trainer, &mut summary)?;
     let weights = model.torchvision_state_dict(trainer.steps());
     trainer::check_finite("final weights", &weights)?;
@@ -484,6 +504,14 @@ fn join_gradient_sync(
         reducer.describe(comm.as_ref(), device.is_cuda())
     );
     Ok(GradientSync::AllReduce(GradSync::new(comm.clone(), model.trainable(), options, reducer)?))
+}
+
+/// Bytes of gradient a rank puts into the all-reduce each step: every trainable element, in
+/// the wire's format (`dist.compress`).
+fn gradient_bytes(plan: &RunPlan, model: &Model) -> u64 {
+    let elements: i64 = model.trainable().iter().map(|(_, tensor)| tensor.numel() as i64).sum();
+    let per_element = if plan.sync_options().wire.is_some() { 2 } else { 4 };
+    u64::try_from(elements).unwrap_or(0) * per_element
 }
 
 /// Rank 0's manifest of a starting run: what produced it, and the hash of every data file.

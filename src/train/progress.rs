@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
+use super::phases::PhaseTiming;
 use super::TrainError;
 use crate::cluster::Communicator;
 use crate::run_dir::records::StepRecord;
@@ -65,13 +66,15 @@ impl StepReporter {
         }
     }
 
-    /// Counts a finished step, and reports it when it is due. Every rank calls it after every
-    /// step: a due report is a collective (its figures are summed over the ranks).
+    /// Counts a finished step, and reports it when it is due, with where the window's time
+    /// went (`timing`). Every rank calls it after every step: a due report is a collective (its
+    /// figures are summed and gathered over the ranks).
     pub fn after_step(
         &mut self,
         done: &StepDone,
         comm: &dyn Communicator,
         out: &mut RunDir,
+        timing: &mut PhaseTiming,
     ) -> Result<(), TrainError> {
         self.window_images += done.samples;
         self.progress.inc(1);
@@ -87,6 +90,7 @@ impl StepReporter {
             self.window_images as f64,
         ];
         comm.all_reduce_sum_f64(&mut sums);
+        let (phases, seconds) = timing.window_report(comm);
         let (loss, accuracy) = (sums[0] / sums[2].max(1.0), sums[1] / sums[2].max(1.0));
         let rate = sums[3] / self.window_start.elapsed().as_secs_f64().max(1e-9);
         (self.window_start, self.window_images) = (Instant::now(), 0);
@@ -99,6 +103,8 @@ impl StepReporter {
             accuracy,
             lr,
             images_per_second: rate,
+            seconds,
+            phases: Some(phases),
         })?;
         self.progress.set_message(format!("loss {loss:.4} lr {lr:.4} {rate:.0} img/s"));
         if self.progress.is_hidden() && self.is_root {

@@ -6,6 +6,7 @@
 use tch::{Kind, Reduction, Tensor};
 
 use super::optim::{OptimError, Optimizer};
+use super::phases::{Phase, PhaseClock};
 use crate::cluster::grad_sync::{GradSync, GradSyncError};
 use crate::cluster::signals;
 use crate::model::precision::Compute;
@@ -68,6 +69,14 @@ impl GradientSync {
             GradientSync::AllReduce(sync) => sync.finish().map(|()| sync.stop_agreed()),
         }
     }
+
+    /// The communication thread's seconds in gradient all-reduces so far (0 with one rank).
+    pub fn allreduce_seconds(&self) -> f64 {
+        match self {
+            GradientSync::Local => 0.0,
+            GradientSync::AllReduce(sync) => sync.allreduce_seconds(),
+        }
+    }
 }
 
 /// What one step computed on this rank's micro-batches.
@@ -109,13 +118,14 @@ pub struct MicroBatch<'a> {
 /// divided by their number, is backpropagated into the same gradients, which are averaged over
 /// the ranks once, after the last. With one micro-batch per rank, W ranks with K micro-batches
 /// each take the step W x K ranks with one each would. A non-finite loss is an error
-/// ([`StepError::Diverged`]).
+/// ([`StepError::Diverged`]). `clock` takes a lap at the end of each phase.
 pub fn train_step(
     context: &StepContext<'_>,
     optimizer: &mut Optimizer,
     sync: &mut GradientSync,
     micro_batches: &[MicroBatch<'_>],
     lr: f64,
+    clock: &mut PhaseClock,
 ) -> Result<StepOutput, StepError> {
     let global_step = optimizer.steps();
     let torch = |source| StepError::Torch { global_step, source };
@@ -131,8 +141,12 @@ pub fn train_step(
         }
         sync.accumulate_locally(!last);
         let labels = context.compute.labels(batch.labels);
-        let (logits, loss) = forward_loss(context, batch.images, &labels, global_step)?;
+        let images = context.compute.input(batch.images)?;
+        clock.lap(Phase::Copy);
+        let (logits, loss) = forward_loss(context, &images, &labels, global_step)?;
+        clock.lap(Phase::Forward);
         (&loss * scale).f_backward().map_err(torch)?;
+        clock.lap(Phase::Backward);
         let images = u64::try_from(labels.size().first().copied().unwrap_or(0)).unwrap_or(0);
         let loss = loss.f_double_value(&[]).map_err(torch)?;
         loss_sum += loss * images as f64;
@@ -140,15 +154,20 @@ pub fn train_step(
         correct +=
             tch::no_grad(|| logits.argmax(-1, false).eq_tensor(&labels).sum(Kind::Int64).int64_value(&[]));
         last_logits = Some(logits);
+        // Reading the loss and the accuracy back waits for the forward pass on a GPU.
+        clock.lap(Phase::Forward);
     }
     // Every rank takes part in the all-reduce before a diverged one reports it (the job then
     // ends on the error; leaving first would make the others wait for it).
     slow_step_for_tests();
+    clock.lap(Phase::Backward);
     let stop = sync.sync_gradients(asked)?;
+    clock.lap(Phase::CommWait);
     if let Some(snapshot) = context.before_update {
         snapshot.withdraw();
     }
     optimizer.step(lr)?;
+    clock.lap(Phase::Optimizer);
     let loss = loss_sum / samples.max(1) as f64;
     if !loss.is_finite() {
         return Err(StepError::Diverged { global_step, loss });
@@ -177,17 +196,17 @@ fn slow_step_for_tests() {
 }
 
 /// The logits and the batch's mean loss (with label smoothing), in the run's precision and
-/// memory format on its device. `labels` must already be on the device.
+/// memory format on its device. `images` and `labels` must already be on the device
+/// (`Compute::input`, `Compute::labels`).
 fn forward_loss(
     context: &StepContext<'_>,
     images: &Tensor,
     labels: &Tensor,
     global_step: u64,
 ) -> Result<(Tensor, Tensor), StepError> {
-    let images = context.compute.input(images)?;
     // Autocast covers the forward pass and the loss, not backward (as torch.autocast).
     let _autocast = context.compute.autocast()?;
-    let logits = context.model.forward_t(&images, true);
+    let logits = context.model.forward_t(images, true);
     let loss = cross_entropy(&logits, labels, context.label_smoothing, context.class_weights)
         .map_err(|source| StepError::Torch { global_step, source })?;
     Ok((logits, loss))

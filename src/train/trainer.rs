@@ -12,6 +12,7 @@ use tch::Tensor;
 
 use super::early_stop::EarlyStopping;
 use super::optim::{Optimizer, Schedule};
+use super::phases::PhaseClock;
 use super::policy;
 use super::step::{self, GradientSync, MicroBatch, StepContext, StepOutput};
 use super::stop_snapshot::{ReadyCheckpoint, StopSnapshot};
@@ -22,7 +23,7 @@ use crate::plan::RunPlan;
 use crate::run_dir::checkpoint::{self, CheckpointError, CheckpointMeta, EpochTotals, WeightsMeta};
 use crate::run_dir::preprocessing::Preprocessing;
 use crate::run_dir::records::EvalReport;
-use crate::run_dir::records::{EarlyStop, EpochRecord, Summary};
+use crate::run_dir::records::{EarlyStop, EpochRecord, PhaseReport, Summary};
 use crate::run_dir::{RunDir, RunPaths};
 use crate::util::files;
 
@@ -84,6 +85,9 @@ pub struct Trainer<'a> {
     /// The configuration's hash, which every checkpoint records: computed once, not at every
     /// step's stop snapshot.
     config_hash: String,
+    /// Evaluations after the epochs and epoch checkpoints, in this process (rank 0's clock).
+    eval_seconds: f64,
+    checkpoint_seconds: f64,
 }
 
 impl<'a> Trainer<'a> {
@@ -117,6 +121,8 @@ impl<'a> Trainer<'a> {
             stopped_early: None,
             stop_snapshot: None,
             config_hash: plan.digest()?,
+            eval_seconds: 0.0,
+            checkpoint_seconds: 0.0,
         })
     }
 
@@ -200,6 +206,7 @@ impl<'a> Trainer<'a> {
         &mut self,
         model: &Model,
         micro_batches: &[MicroBatch<'_>],
+        clock: &mut PhaseClock,
     ) -> Result<StepOutput, TrainError> {
         let lr = self.lr();
         let context = StepContext {
@@ -209,7 +216,12 @@ impl<'a> Trainer<'a> {
             class_weights: self.class_weights.as_ref(),
             before_update: self.stop_snapshot.as_ref().map(|(snapshot, _)| snapshot),
         };
-        Ok(step::train_step(&context, &mut self.optimizer, &mut self.sync, micro_batches, lr)?)
+        Ok(step::train_step(&context, &mut self.optimizer, &mut self.sync, micro_batches, lr, clock)?)
+    }
+
+    /// The gradient communication thread's seconds in all-reduces so far.
+    pub fn allreduce_seconds(&self) -> f64 {
+        self.sync.allreduce_seconds()
     }
 
     /// Restores the model and the optimizer from `path`, refusing a checkpoint of another
@@ -377,9 +389,13 @@ impl<'a> Trainer<'a> {
         epoch: u32,
         totals: &EpochTotals,
         val: EvalReport,
+        (phases, eval_seconds): (PhaseReport, f64),
         out: &mut RunDir,
     ) -> Result<(), TrainError> {
         let epochs = self.plan.epochs();
+        if let (Some(straggler), true) = (&phases.straggler, out.writes()) {
+            tracing::warn!("epoch {}: straggler: {}", epoch + 1, straggler.describe());
+        }
         let samples = totals.samples.max(1) as f64;
         let record = EpochRecord {
             epoch,
@@ -391,7 +407,10 @@ impl<'a> Trainer<'a> {
             seconds: totals.seconds,
             skipped_samples: totals.skipped,
             val,
+            phases: Some(phases),
+            eval_seconds,
         };
+        self.eval_seconds += eval_seconds;
         if totals.skipped > 0 {
             tracing::warn!("epoch {}: skipped {} undecodable training samples", epoch + 1, totals.skipped);
         }
@@ -439,10 +458,12 @@ impl<'a> Trainer<'a> {
         // A stop at the epoch's end resumes from its checkpoint, whatever the policy says, and
         // the last epoch of an early stop is the run's last.
         if actions.save || self.stop_at_epoch_end || self.stopped_early.is_some() {
+            let started = Instant::now();
             let saved = self.write_checkpoint(model, out, epoch + 1, 0, EpochTotals::default())?;
             if let (Some(path), true) = (saved, actions.keep_as_best) {
                 out.save_best(&path)?;
             }
+            self.checkpoint_seconds += started.elapsed().as_secs_f64();
         }
         out.write_manifest()?;
         Ok(())
@@ -505,6 +526,10 @@ impl<'a> Trainer<'a> {
             weights_sha256: String::new(),
             resumed_from,
             stopped_early: self.stopped_early.clone(),
+            phases: None,
+            eval_seconds: self.eval_seconds,
+            checkpoint_seconds: self.checkpoint_seconds,
+            gradient_bytes: 0,
         }
     }
 }
