@@ -458,10 +458,12 @@ fn the_readmes_job_preempted_by_slurm_and_by_scancel_ends_as_an_uninterrupted_ru
     let mut expected = vec![ended("PENDING", "0:0"); requeued];
     expected.push(ended("COMPLETED", "0:0"));
     assert_eq!(runs, expected, "{log}");
-    // Every start after the first checkpoint resumes from the latest one.
+    // Every start after the first checkpoint resumes from the latest one. A warning that
+    // comes during the last step still saves it at once, but the run then finishes: that stop
+    // is neither requeued nor resumed (seen on a slow machine).
     let resumed = log.matches("resumed from").count();
     assert!(
-        (stopped.len()..=requeued).contains(&resumed),
+        (stopped.len().min(requeued)..=requeued).contains(&resumed),
         "a resume after each stop ({} stops with a checkpoint, {requeued} requeues, {resumed} resumes):\n{log}",
         stopped.len()
     );
