@@ -272,19 +272,20 @@ fn draw_stacked_bars<DB: DrawingBackend>(
             names.push(name);
         }
     }
-    let count = bars.len().max(1) as f64;
+    // Two empty slots on the right hold the legend, clear of the bars.
+    let slots = bars.len().max(1) + 2;
     let mut chart = ChartBuilder::on(&area)
         .caption(title, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(64)
-        .build_cartesian_2d(0.0..count, 0.0..top * 1.3)
+        .build_cartesian_2d(0.0..slots as f64, 0.0..top * 1.3)
         .map_err(err)?;
     let labels: Vec<String> = bars.iter().map(|b| b.label.clone()).collect();
     chart
         .configure_mesh()
         .disable_x_mesh()
-        .x_labels(bars.len() * 2 + 1)
+        .x_labels(slots * 2 + 1)
         .x_label_formatter(&|x| {
             let index = x.floor() as usize;
             match (x - x.floor() - 0.5).abs() < 0.01 {

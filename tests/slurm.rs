@@ -586,18 +586,35 @@ fn a_job_of_slow_steps_at_its_time_limit_keeps_its_last_completed_step() {
     let saved: Vec<&str> =
         log.lines().filter(|line| line.contains("saved the last completed step")).collect();
     assert_eq!(saved.len(), 1, "{log}");
-    let path = saved[0].split(") to ").nth(1).unwrap().split(" at once").next().unwrap();
-    let meta =
-        rtrain::run_dir::checkpoint::read_meta(Path::new(path)).unwrap_or_else(|e| panic!("{path}: {e:#}"));
-    assert!(meta.global_step > 0, "{log}");
+    let rescued: u64 =
+        saved[0].split("(global step ").nth(1).unwrap().split(')').next().unwrap().parse().unwrap();
+    assert!(rescued > 0, "{log}");
     // The step in flight at the signal may still end, and be logged, within KillWait before
-    // the kill (whether it does depends on where the limit falls in its 10 s): the checkpoint
-    // holds the last step completed when the signal came, and at most that step is lost.
+    // the kill (whether it does depends on where the limit falls in its 10 s): the rescued
+    // checkpoint holds the last step completed when the signal came, and at most that step is
+    // lost. When the step in flight ends in time, its own stop checkpoint replaces the rescued
+    // one (which is then deleted), so the newest checkpoint on disk is one of the two.
     let before_the_signal = last_logged_step_before(&log, "saved the last completed step");
-    assert_eq!(Some(meta.global_step), before_the_signal, "the last step logged before the save:\n{log}");
-    let run = Path::new(path).parent().unwrap().parent().unwrap();
-    let last = last_step(run).unwrap_or(0);
-    assert!(last <= meta.global_step + 1, "steps {}..={last} lost:\n{log}", meta.global_step + 1);
+    assert_eq!(Some(rescued), before_the_signal, "the last step logged before the save:\n{log}");
+    let run = work.join("runs/damage");
+    let newest = newest_checkpoint_step(&run.join("checkpoints"));
+    assert!(
+        newest == Some(rescued) || newest == Some(rescued + 1),
+        "the newest checkpoint holds step {newest:?}, not {rescued} or the step in flight:\n{log}"
+    );
+    let last = last_step(&run).unwrap_or(0);
+    assert!(last <= rescued + 1, "steps {}..={last} lost:\n{log}", rescued + 1);
+}
+
+/// The global step of the newest readable checkpoint in `checkpoints`.
+fn newest_checkpoint_step(checkpoints: &Path) -> Option<u64> {
+    std::fs::read_dir(checkpoints)
+        .ok()?
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| entry.file_name().to_string_lossy().ends_with(".safetensors"))
+        .filter_map(|entry| rtrain::run_dir::checkpoint::read_meta(&entry.path()).ok())
+        .map(|meta| meta.global_step)
+        .max()
 }
 
 /// The global step of the last `epoch E/N step S/M:` line of `log` before its first line that

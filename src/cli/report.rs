@@ -94,7 +94,10 @@ impl ReportArgs {
                 println!();
                 match &projection {
                     Some(projection) => print!("{}", projection::describe(projection)),
-                    None => println!("Projection: needs phase timings and a bandwidth (--link-gbit, or a run with several ranks)."),
+                    None => println!(
+                        "Projection: needs phase timings, the gradient bytes (summary.json) and a bandwidth \
+                         (--link-gbit, or a run with several ranks)."
+                    ),
                 }
             }
         }

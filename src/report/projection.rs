@@ -69,7 +69,9 @@ impl ProjectionInputs {
         let base = rows.first()?;
         let base_breakdown = base.breakdown.as_ref()?;
         let largest = rows.last()?;
-        let gradient_bytes = rows.iter().map(|r| r.gradient_bytes).max().unwrap_or(0);
+        // Runs that record no gradient bytes (another framework's, or an older rtrain's) give
+        // nothing to put on the wire: no projection, rather than one of free communication.
+        let gradient_bytes = rows.iter().map(|r| r.gradient_bytes).max().filter(|&bytes| bytes > 0)?;
         let multi = rows.iter().rev().find(|r| r.world_size > 1 && r.breakdown.is_some());
         let (bandwidth, bandwidth_from) = match (link_gbit, multi) {
             (Some(gbit), _) => (gbit * 1e9 / 8.0, format!("the link, {gbit} Gbit/s (--link-gbit)")),
@@ -127,7 +129,7 @@ impl super::scaling::Breakdown {
 }
 
 /// The projection to 2x, 4x and 8x the largest run of `rows`, and the check of the largest run
-/// projected from the others. None without breakdowns, or with no bandwidth to use.
+/// projected from the others. None without breakdowns, gradient bytes or a bandwidth to use.
 pub fn project(rows: &[ScalingRow], link_gbit: Option<f64>) -> Option<Projection> {
     let inputs = ProjectionInputs::from_rows(rows, link_gbit)?;
     let largest = rows.last()?;

@@ -206,8 +206,8 @@ pub fn phase_bars(
 /// efficiency by cause, and the straggler.
 pub fn breakdown_table(rows: &[ScalingRow]) -> String {
     let mut out = String::from(
-        "| ranks | data | copy | forward | backward | comm wait | optimizer | other | step (s) | lost: exposed comm | waiting for slowest | data stall | other | straggler |\n\
-         |------:|-----:|-----:|--------:|---------:|----------:|----------:|------:|---------:|---------:|---------:|---------:|------:|-----------|\n",
+        "| ranks | data | copy | forward | backward | comm wait | optimizer | other | step (s) | lost: exposed comm | waiting for slowest | data stall | compute & other | straggler |\n\
+         |------:|-----:|-----:|--------:|---------:|----------:|----------:|------:|---------:|---------:|---------:|---------:|----------------:|-----------|\n",
     );
     for row in rows {
         let Some(b) = &row.breakdown else {
@@ -400,6 +400,11 @@ mod tests {
         let (svg, png) = phase_bars(&stem, &rows, bars).unwrap().unwrap();
         assert!(std::fs::read_to_string(svg).unwrap().contains("comm_wait"));
         assert!(png.is_file());
+        // Runs that record no gradient bytes (PyTorch DDP's, by bench/ddp_reference.py) are not
+        // projected as if communication were free.
+        let mut unknown = rows.clone();
+        unknown.iter_mut().for_each(|row| row.gradient_bytes = 0);
+        assert!(crate::report::projection::project(&unknown, Some(1.0)).is_none());
     }
 
     #[test]
