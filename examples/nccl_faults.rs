@@ -237,6 +237,13 @@ impl NcclApi for FakeGpu {
                 state.violation.get_or_insert(broken);
             }
         } else {
+            // An event recorded again after the compute stream waited for it (rtrain recycles
+            // done events once complete) no longer stands for its earlier all-reduce: forget
+            // that pairing, or the earlier bucket's next ready event would be judged against
+            // this all-reduce, which its step never had to wait for.
+            if !state.unwaited.contains(&event.0) {
+                state.done_of.retain(|_, done| *done != event.0);
+            }
             state.unwaited.insert(event.0);
             if let Some(ready) = state.last_ready.remove(&stream.0) {
                 state.done_of.insert(ready, event.0);
