@@ -333,12 +333,16 @@ fn requeueing_starts(log: &str) -> usize {
 /// The step of the oldest valid checkpoint beside `rescued` that is newer than its `step`:
 /// the one that replaced it.
 fn superseding_checkpoint(rescued: &Path, step: u64) -> Option<u64> {
-    std::fs::read_dir(rescued.parent()?)
-        .ok()?
+    checkpoint_steps(rescued.parent()?).into_iter().filter(|&newer| newer > step).min()
+}
+
+/// The global steps of the valid checkpoints in `checkpoints`.
+fn checkpoint_steps(checkpoints: &Path) -> Vec<u64> {
+    let Ok(entries) = std::fs::read_dir(checkpoints) else { return Vec::new() };
+    entries
         .filter_map(|entry| rtrain::run_dir::checkpoint::read_meta(&entry.ok()?.path()).ok())
         .map(|meta| meta.global_step)
-        .filter(|&newer| newer > step)
-        .min()
+        .collect()
 }
 
 /// The global step of the run's newest logged training step.
@@ -597,24 +601,13 @@ fn a_job_of_slow_steps_at_its_time_limit_keeps_its_last_completed_step() {
     let before_the_signal = last_logged_step_before(&log, "saved the last completed step");
     assert_eq!(Some(rescued), before_the_signal, "the last step logged before the save:\n{log}");
     let run = work.join("runs/damage");
-    let newest = newest_checkpoint_step(&run.join("checkpoints"));
+    let newest = checkpoint_steps(&run.join("checkpoints")).into_iter().max();
     assert!(
         newest == Some(rescued) || newest == Some(rescued + 1),
         "the newest checkpoint holds step {newest:?}, not {rescued} or the step in flight:\n{log}"
     );
     let last = last_step(&run).unwrap_or(0);
     assert!(last <= rescued + 1, "steps {}..={last} lost:\n{log}", rescued + 1);
-}
-
-/// The global step of the newest readable checkpoint in `checkpoints`.
-fn newest_checkpoint_step(checkpoints: &Path) -> Option<u64> {
-    std::fs::read_dir(checkpoints)
-        .ok()?
-        .filter_map(|entry| entry.ok())
-        .filter(|entry| entry.file_name().to_string_lossy().ends_with(".safetensors"))
-        .filter_map(|entry| rtrain::run_dir::checkpoint::read_meta(&entry.path()).ok())
-        .map(|meta| meta.global_step)
-        .max()
 }
 
 /// The global step of the last `epoch E/N step S/M:` line of `log` before its first line that
